@@ -1,0 +1,126 @@
+"""Pre-norm residual blocks: x + sublayer(layernorm(x)), one sublayer at a time.
+
+Shape legend: B batch, T target (or only) positions, S source positions, C channels.
+Every residual is a fork: x feeds the skip path and the sublayer, so its gradient
+is the sum of both, written out where it happens.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_engine.attention import mha_backward, mha_forward
+from numpy_engine.layers import ffn_backward, ffn_forward, layernorm_backward, layernorm_forward
+
+
+def sub(params: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The entries under prefix, with the prefix removed: sub(p, "attn.")["q_proj.weight"]."""
+    return {key[len(prefix) :]: value for key, value in params.items() if key.startswith(prefix)}
+
+
+def with_prefix(grads: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The inverse of sub: put the prefix back on every key."""
+    return {prefix + key: value for key, value in grads.items()}
+
+
+def _layernorm(x: np.ndarray, p: dict[str, np.ndarray], name: str) -> tuple:
+    return layernorm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"])
+
+
+def _layernorm_back(dout: np.ndarray, cache: tuple, name: str, grads: dict) -> np.ndarray:
+    dx, grads[f"{name}.weight"], grads[f"{name}.bias"] = layernorm_backward(dout, cache)
+    return dx
+
+
+# ------------------------------------------------------------- self-attention block
+
+
+class SelfBlockCache(NamedTuple):
+    ln1: tuple
+    attn: tuple
+    ln2: tuple
+    ffn: tuple
+
+
+def self_attention_block_forward(
+    x: np.ndarray, p: dict, n_heads: int, visible: np.ndarray, activation: str
+) -> tuple:
+    """The encoder block, and under a causal mask MiniGPT's decoder-only block.
+
+    h = x + attn(ln1(x)); out = h + ffn(ln2(h)). x (B, T, C) -> (B, T, C).
+    """
+    xn, ln1 = _layernorm(x, p, "ln1")
+    a, attn = mha_forward(xn, xn, sub(p, "attn."), n_heads, visible)  # (B, T, C)
+    h = x + a
+    hn, ln2 = _layernorm(h, p, "ln2")
+    f, ffn = ffn_forward(hn, sub(p, "ffn."), activation)  # (B, T, C)
+    out = h + f
+    return out, SelfBlockCache(ln1, attn, ln2, ffn)
+
+
+def self_attention_block_backward(dout: np.ndarray, cache: SelfBlockCache) -> tuple:
+    """See docs/gradients.md#residual-blocks. Returns (dx, grads keyed like p)."""
+    grads: dict[str, np.ndarray] = {}
+    dhn, ffn_grads = ffn_backward(dout, cache.ffn)
+    dh = dout + _layernorm_back(dhn, cache.ln2, "ln2", grads)  # h fed the skip and the FFN
+    dxn_q, dxn_kv, attn_grads = mha_backward(dh, cache.attn)
+    dxn = dxn_q + dxn_kv  # xn fed the queries and the keys/values
+    dx = dh + _layernorm_back(dxn, cache.ln1, "ln1", grads)  # x fed the skip and attention
+    grads.update(with_prefix(attn_grads, "attn."))
+    grads.update(with_prefix(ffn_grads, "ffn."))
+    return dx, grads
+
+
+# -------------------------------------------------------------------- decoder block
+
+
+class DecoderBlockCache(NamedTuple):
+    ln1: tuple
+    self_attn: tuple
+    ln2: tuple
+    cross_attn: tuple
+    ln3: tuple
+    ffn: tuple
+
+
+def decoder_block_forward(
+    y: np.ndarray,
+    memory: np.ndarray,
+    p: dict,
+    n_heads: int,
+    self_visible: np.ndarray,
+    memory_visible: np.ndarray,
+    activation: str,
+) -> tuple:
+    """Causal self-attention, cross-attention over memory (B, S, C), then the FFN.
+
+    h1 = y + self_attn(ln1(y)); h2 = h1 + cross_attn(ln2(h1), memory); out = h2 + ffn(ln3(h2)).
+    """
+    yn, ln1 = _layernorm(y, p, "ln1")
+    a, self_attn = mha_forward(yn, yn, sub(p, "self_attn."), n_heads, self_visible)
+    h1 = y + a  # (B, T, C)
+    h1n, ln2 = _layernorm(h1, p, "ln2")
+    c, cross_attn = mha_forward(h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible)
+    h2 = h1 + c  # (B, T, C)
+    h2n, ln3 = _layernorm(h2, p, "ln3")
+    f, ffn = ffn_forward(h2n, sub(p, "ffn."), activation)
+    out = h2 + f
+    return out, DecoderBlockCache(ln1, self_attn, ln2, cross_attn, ln3, ffn)
+
+
+def decoder_block_backward(dout: np.ndarray, cache: DecoderBlockCache) -> tuple:
+    """See docs/gradients.md#residual-blocks. Returns (dy, dmemory, grads keyed like p)."""
+    grads: dict[str, np.ndarray] = {}
+    dh2n, ffn_grads = ffn_backward(dout, cache.ffn)
+    dh2 = dout + _layernorm_back(dh2n, cache.ln3, "ln3", grads)  # h2 fed the skip and the FFN
+    dh1n, dmemory, cross_grads = mha_backward(dh2, cache.cross_attn)
+    dh1 = dh2 + _layernorm_back(dh1n, cache.ln2, "ln2", grads)  # h1 fed the skip and cross-attn
+    dyn_q, dyn_kv, self_grads = mha_backward(dh1, cache.self_attn)
+    dyn = dyn_q + dyn_kv  # yn fed the queries and the keys/values
+    dy = dh1 + _layernorm_back(dyn, cache.ln1, "ln1", grads)  # y fed the skip and self-attn
+    grads.update(with_prefix(self_grads, "self_attn."))
+    grads.update(with_prefix(cross_grads, "cross_attn."))
+    grads.update(with_prefix(ffn_grads, "ffn."))
+    return dy, dmemory, grads

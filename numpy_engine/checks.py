@@ -1,0 +1,77 @@
+"""Input checks shared by the models: each failure names the argument and what was expected."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
+def check_choice(name: str, value: object, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_token_ids(name: str, ids: object, vocab_size: int) -> np.ndarray:
+    """A non-empty (batch, time) integer array with every id in [0, vocab_size)."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must have shape (batch, time), got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{name} is an empty batch: shape {arr.shape}")
+    if arr.shape[1] == 0:
+        raise ValueError(f"{name} has no time steps: shape {arr.shape}")
+    outside = (arr < 0) | (arr >= vocab_size)
+    if outside.any():
+        b, t = np.argwhere(outside)[0]
+        raise ValueError(
+            f"{name}[{b}, {t}] = {arr[b, t]} is outside the vocabulary [0, {vocab_size})"
+        )
+    return arr
+
+
+def check_targets(
+    name: str, targets: object, shape: tuple, vocab_size: int, ignore_index: int
+) -> np.ndarray:
+    """Class ids in [0, vocab_size) or ignore_index, shaped like the logits' leading axes."""
+    arr = np.asarray(targets)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer class ids, got dtype {arr.dtype}")
+    if arr.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} (like the input ids), got {arr.shape}")
+    outside = ((arr < 0) | (arr >= vocab_size)) & (arr != ignore_index)
+    if outside.any():
+        b, t = np.argwhere(outside)[0]
+        raise ValueError(
+            f"{name}[{b}, {t}] = {arr[b, t]} is outside the vocabulary [0, {vocab_size}) "
+            f"and is not ignore_index={ignore_index}"
+        )
+    if (arr == ignore_index).all():
+        raise ValueError(
+            f"{name}: every target equals ignore_index={ignore_index} (all padding); "
+            "there is nothing to compute a loss over"
+        )
+    return arr
+
+
+def check_same_batch(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"{name_a} and {name_b} must have the same batch size, "
+            f"got {a.shape[0]} and {b.shape[0]}"
+        )
+
+
+def check_upstream_gradient(name: str, grad: object, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    if not isinstance(grad, np.ndarray) or grad.dtype.kind != "f":
+        raise TypeError(f"{name} must be a float ndarray, got {type(grad).__name__}")
+    if grad.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} (like the logits), got {grad.shape}")
+    return grad.astype(dtype, copy=False)

@@ -1,0 +1,244 @@
+"""Layers as pairs of pure functions, in data-flow order.
+
+Each ``X_forward(...) -> (out, cache)`` has an ``X_backward(dout, cache)`` that
+returns fresh gradients, one per input, each with exactly its input's shape.
+The derivations live in docs/gradients.md, one section per backward.
+
+Shape legend: B batch, T time, C channels (d_model), F FFN width, V vocabulary,
+N = B * T rows once the leading axes are flattened.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+# ----------------------------------------------------------------------------- linear
+
+
+def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> tuple:
+    """y = x @ weight.T + bias, weight stored (out, in) as in PyTorch."""
+    x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
+    out = (x2 @ weight.T + bias).reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
+    cache = (x, weight)
+    return out, cache
+
+
+def linear_backward(dout: np.ndarray, cache: tuple) -> tuple:
+    """See docs/gradients.md#linear."""
+    x, weight = cache
+    dout2 = dout.reshape(-1, dout.shape[-1])  # (N, out)
+    x2 = x.reshape(-1, x.shape[-1])  # (N, in)
+    dx = (dout2 @ weight).reshape(x.shape)  # forward was x @ W.T, so dx = dout @ W
+    dweight = dout2.T @ x2  # (out, in)
+    dbias = dout2.sum(axis=0)  # the bias was broadcast over all N rows
+    return dx, dweight, dbias
+
+
+# -------------------------------------------------------------------------- embedding
+
+
+def embedding_forward(ids: np.ndarray, weight: np.ndarray, padding_idx: int | None = None) -> tuple:
+    """out[b, t] = weight[ids[b, t]]; the row padding_idx receives no gradient."""
+    out = weight[ids]  # (B, T, C)
+    cache = (ids, weight.shape, padding_idx)
+    return out, cache
+
+
+def embedding_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
+    """See docs/gradients.md#embedding. Repeated ids accumulate their gradients."""
+    ids, weight_shape, padding_idx = cache
+    flat_ids = ids.reshape(-1)  # (N,)
+    dout2 = dout.reshape(-1, weight_shape[1])  # (N, C)
+    # `dW[ids] += g` would keep only one of a repeated id's rows: sort the ids,
+    # then sum each run of equal ids in one reduceat.
+    order = np.argsort(flat_ids, kind="stable")
+    unique_ids, run_starts = np.unique(flat_ids[order], return_index=True)
+    dweight = np.zeros(weight_shape, dtype=dout.dtype)
+    dweight[unique_ids] = np.add.reduceat(dout2[order], run_starts, axis=0)
+    if padding_idx is not None:
+        dweight[padding_idx] = 0.0  # PyTorch's padding_idx: that row never learns
+    return dweight
+
+
+# -------------------------------------------------------------------------- positions
+
+
+def sinusoidal_table(max_len: int, channels: int, dtype: np.dtype | str) -> np.ndarray:
+    """pe[p, 2i] = sin(p / 10000^(2i/C)), pe[p, 2i+1] = cos(p / 10000^(2i/C))."""
+    position = np.arange(max_len, dtype=np.float64)[:, None]  # (T, 1)
+    inv_freq = np.exp(np.arange(0, channels, 2) * (-math.log(10000.0) / channels))  # (ceil(C/2),)
+    table = np.zeros((max_len, channels))
+    table[:, 0::2] = np.sin(position * inv_freq)
+    table[:, 1::2] = np.cos(position * inv_freq[: channels // 2])
+    return table.astype(dtype)  # (T, C)
+
+
+def sinusoidal_forward(x: np.ndarray) -> tuple:
+    """x + pe[:T]; the table is a constant, so nothing is cached."""
+    table = sinusoidal_table(x.shape[1], x.shape[2], x.dtype)  # (T, C)
+    return x + table, None
+
+
+def sinusoidal_backward(dout: np.ndarray, cache: None) -> np.ndarray:
+    """See docs/gradients.md#positions. Adding a constant passes the gradient through."""
+    return dout.copy()
+
+
+def learned_positions_forward(x: np.ndarray, weight: np.ndarray) -> tuple:
+    """x + weight[:T], weight (max_len, C)."""
+    T = x.shape[1]
+    out = x + weight[:T]  # (B, T, C)
+    cache = weight.shape
+    return out, cache
+
+
+def learned_positions_backward(dout: np.ndarray, cache: tuple) -> tuple:
+    """See docs/gradients.md#positions. Row t was added to every batch row."""
+    weight_shape = cache
+    dweight = np.zeros(weight_shape, dtype=dout.dtype)
+    dweight[: dout.shape[1]] = dout.sum(axis=0)  # rows past T were unused: zero
+    return dout.copy(), dweight
+
+
+# -------------------------------------------------------------------------- layernorm
+
+
+def layernorm_forward(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5
+) -> tuple:
+    """Normalise the last axis with the biased variance, then scale and shift."""
+    mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+    xc = x - mean
+    var = (xc * xc).mean(axis=-1, keepdims=True)  # biased, as torch.nn.LayerNorm
+    rstd = 1.0 / np.sqrt(var + eps)  # (..., 1)
+    xhat = xc * rstd  # (..., C)
+    out = xhat * weight + bias
+    cache = (xhat, rstd, weight)
+    return out, cache
+
+
+def layernorm_backward(dout: np.ndarray, cache: tuple) -> tuple:
+    """See docs/gradients.md#layernorm: three terms, from xhat's direct path, the mean and the
+    variance."""
+    xhat, rstd, weight = cache
+    reduce_axes = tuple(range(dout.ndim - 1))
+    dweight = (dout * xhat).sum(axis=reduce_axes)
+    dbias = dout.sum(axis=reduce_axes)
+    dxhat = dout * weight
+    mean_dxhat = dxhat.mean(axis=-1, keepdims=True)
+    mean_dxhat_xhat = (dxhat * xhat).mean(axis=-1, keepdims=True)
+    dx = rstd * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
+    return dx, dweight, dbias
+
+
+# ------------------------------------------------------------------------ activations
+
+
+def relu_forward(x: np.ndarray) -> tuple:
+    out = np.maximum(x, 0)
+    return out, x
+
+
+def relu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
+    """See docs/gradients.md#relu. The gradient at exactly 0 is 0, as in PyTorch."""
+    x = cache
+    return dout * (x > 0)
+
+
+_GELU_K = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+def gelu_forward(x: np.ndarray) -> tuple:
+    """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh"."""
+    t = np.tanh(_GELU_K * (x + _GELU_A * x**3))
+    out = 0.5 * x * (1.0 + t)
+    cache = (x, t)
+    return out, cache
+
+
+def gelu_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
+    """See docs/gradients.md#gelu."""
+    x, t = cache
+    dinner = _GELU_K * (1.0 + 3.0 * _GELU_A * x**2)  # d/dx of k (x + a x^3)
+    dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner  # product rule, tanh' = 1 - t^2
+    return dout * dgelu
+
+
+ACTIVATIONS = {
+    "relu": (relu_forward, relu_backward),
+    "gelu": (gelu_forward, gelu_backward),
+}
+
+
+# ------------------------------------------------------------------------ feed-forward
+
+
+class FFNCache(NamedTuple):
+    fc1: tuple
+    act: object
+    fc2: tuple
+    activation: str
+
+
+def ffn_forward(x: np.ndarray, p: dict[str, np.ndarray], activation: str) -> tuple:
+    """fc2(act(fc1(x))): (..., C) -> (..., F) -> (..., C). p holds fc1.* and fc2.*."""
+    act_forward, _ = ACTIVATIONS[activation]
+    h, fc1_cache = linear_forward(x, p["fc1.weight"], p["fc1.bias"])  # (..., F)
+    a, act_cache = act_forward(h)  # (..., F)
+    out, fc2_cache = linear_forward(a, p["fc2.weight"], p["fc2.bias"])  # (..., C)
+    return out, FFNCache(fc1_cache, act_cache, fc2_cache, activation)
+
+
+def ffn_backward(dout: np.ndarray, cache: FFNCache) -> tuple:
+    """See docs/gradients.md#feed-forward. Returns (dx, grads keyed like p)."""
+    _, act_backward = ACTIVATIONS[cache.activation]
+    da, dw2, db2 = linear_backward(dout, cache.fc2)
+    dh = act_backward(da, cache.act)
+    dx, dw1, db1 = linear_backward(dh, cache.fc1)
+    grads = {"fc1.weight": dw1, "fc1.bias": db1, "fc2.weight": dw2, "fc2.bias": db2}
+    return dx, grads
+
+
+# ---------------------------------------------------------------------- cross-entropy
+
+
+class CrossEntropyCache(NamedTuple):
+    log_probs: np.ndarray  # (N, V)
+    safe_targets: np.ndarray  # (N,) ignored rows read class 0
+    counted: np.ndarray  # (N,) bool, target != ignore_index
+    n_counted: int
+    logits_shape: tuple
+
+
+def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int) -> tuple:
+    """Mean of -log softmax(logits)[target] over the targets that are not ignore_index.
+
+    logits (..., V) raw scores, targets (...) ints. The ignored class, if it is a
+    real class id, stays in the softmax denominator, as in torch.nn.functional.cross_entropy.
+    """
+    V = logits.shape[-1]
+    logits2 = logits.reshape(-1, V)  # (N, V)
+    flat_targets = targets.reshape(-1)  # (N,)
+    counted = flat_targets != ignore_index  # (N,)
+    n_counted = int(counted.sum())
+    if n_counted == 0:
+        raise ValueError(f"targets: every target equals ignore_index={ignore_index}; no loss")
+    shifted = logits2 - logits2.max(axis=-1, keepdims=True)  # for a safe exp
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # (N, V)
+    safe_targets = np.where(counted, flat_targets, 0)  # ignored rows read class 0, then drop
+    picked = log_probs[np.arange(len(flat_targets)), safe_targets]  # (N,)
+    loss = -(picked * counted).sum() / n_counted
+    return loss, CrossEntropyCache(log_probs, safe_targets, counted, n_counted, logits.shape)
+
+
+def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray:
+    """See docs/gradients.md#cross-entropy: (softmax - onehot) / n_counted on counted rows."""
+    log_probs, safe_targets, counted, n_counted, logits_shape = cache
+    dlogits = np.exp(log_probs)  # softmax, (N, V)
+    dlogits[np.arange(len(safe_targets)), safe_targets] -= 1.0
+    dlogits *= (dloss / n_counted) * counted[:, None]  # ignored rows get exactly 0
+    return dlogits.reshape(logits_shape)

@@ -1,0 +1,408 @@
+"""The two models: Seq2SeqTransformer (copy/reverse) and MiniGPT (character LM).
+
+Each is a frozen config, a params dict keyed exactly like torch_reference's
+state_dict (linear weights stored (out, in)), a forward that is one line per
+layer and a backward that is the same list in reverse.
+
+Shape legend: B batch, S source positions, T target (or only) positions,
+C = d_model, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from numpy_engine import checks
+from numpy_engine.attention import causal_visible, padding_visible
+from numpy_engine.blocks import (
+    decoder_block_backward,
+    decoder_block_forward,
+    self_attention_block_backward,
+    self_attention_block_forward,
+    sub,
+    with_prefix,
+)
+from numpy_engine.layers import (
+    ACTIVATIONS,
+    cross_entropy_backward,
+    cross_entropy_forward,
+    embedding_backward,
+    embedding_forward,
+    layernorm_backward,
+    layernorm_forward,
+    learned_positions_backward,
+    learned_positions_forward,
+    linear_backward,
+    linear_forward,
+    sinusoidal_backward,
+    sinusoidal_forward,
+)
+
+DTYPES = ("float32", "float64")
+GPT_IGNORE_INDEX = -100  # PyTorch's default ignore_index
+
+# ------------------------------------------------------------------------- configs
+
+
+def _check_sizes(config: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        checks.check_positive_int(name, getattr(config, name))
+    if config.d_model % config.n_heads != 0:
+        raise ValueError(f"d_model={config.d_model} must be divisible by n_heads={config.n_heads}")
+    checks.check_choice("activation", config.activation, tuple(ACTIVATIONS))
+    checks.check_choice("dtype", config.dtype, DTYPES)
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    vocab_size: int = 12
+    d_model: int = 32
+    n_heads: int = 4
+    d_ff: int = 64
+    n_encoder_layers: int = 1
+    n_decoder_layers: int = 1
+    activation: str = "relu"
+    pad_id: int = 0
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        sizes = ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers")
+        _check_sizes(self, sizes)
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id={self.pad_id} must be in [0, vocab_size={self.vocab_size})")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 13
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int = 256
+    n_layers: int = 3
+    max_len: int = 32
+    activation: str = "gelu"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        _check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
+
+
+# -------------------------------------------------------------------- initialisation
+
+Init = Callable[[tuple[int, ...]], np.ndarray]
+
+
+def _linear_params(init: Init, out_features: int, in_features: int) -> dict:
+    return {"weight": init((out_features, in_features)), "bias": np.zeros(out_features)}
+
+
+def _layernorm_params(channels: int) -> dict:
+    return {"weight": np.ones(channels), "bias": np.zeros(channels)}
+
+
+def _attention_params(init: Init, C: int) -> dict:
+    params = {}
+    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        params.update(with_prefix(_linear_params(init, C, C), f"{proj}."))
+    return params
+
+
+def _ffn_params(init: Init, C: int, F: int) -> dict:
+    fc1 = with_prefix(_linear_params(init, F, C), "fc1.")
+    return {**fc1, **with_prefix(_linear_params(init, C, F), "fc2.")}
+
+
+def _self_block_params(init: Init, C: int, F: int) -> dict:
+    return {
+        **with_prefix(_layernorm_params(C), "ln1."),
+        **with_prefix(_attention_params(init, C), "attn."),
+        **with_prefix(_layernorm_params(C), "ln2."),
+        **with_prefix(_ffn_params(init, C, F), "ffn."),
+    }
+
+
+def _decoder_block_params(init: Init, C: int, F: int) -> dict:
+    return {
+        **with_prefix(_layernorm_params(C), "ln1."),
+        **with_prefix(_attention_params(init, C), "self_attn."),
+        **with_prefix(_layernorm_params(C), "ln2."),
+        **with_prefix(_attention_params(init, C), "cross_attn."),
+        **with_prefix(_layernorm_params(C), "ln3."),
+        **with_prefix(_ffn_params(init, C, F), "ffn."),
+    }
+
+
+def _check_params(params: dict, expected: dict) -> dict[str, np.ndarray]:
+    """Same keys, shapes and dtypes as expected; returns copies so nothing is shared."""
+    missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
+    if missing or extra:
+        raise ValueError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
+    for key, ref in expected.items():
+        value = params[key]
+        if not isinstance(value, np.ndarray) or value.shape != ref.shape:
+            got = getattr(value, "shape", type(value).__name__)
+            raise ValueError(f"params[{key!r}] must have shape {ref.shape}, got {got}")
+        if value.dtype != ref.dtype:
+            raise TypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
+    return {key: np.array(params[key]) for key in expected}
+
+
+class _Model:
+    """What both models share: params, grads with the same keys, loading and the loss."""
+
+    config: Seq2SeqConfig | GPTConfig
+    params: dict[str, np.ndarray]
+
+    def load_params(self, params: dict[str, np.ndarray]) -> None:
+        """Replace the parameters with copies of params, which must match keys, shapes, dtypes."""
+        self.params = _check_params(params, self.params)
+
+    def num_parameters(self) -> int:
+        return sum(value.size for value in self.params.values())
+
+    def _loss_and_grads(self, logits, cache, targets, ignore_index) -> tuple:
+        loss, ce_cache = cross_entropy_forward(logits, targets, ignore_index)
+        dlogits = cross_entropy_backward(1.0, ce_cache)
+        return float(loss), self.backward(dlogits, cache)
+
+
+# ------------------------------------------------------------------ seq2seq model
+
+
+class Seq2SeqCache(NamedTuple):
+    src_embed: tuple
+    encoder: list
+    encoder_norm: tuple
+    tgt_embed: tuple
+    decoder: list
+    decoder_norm: tuple
+    readout: tuple
+    logits_shape: tuple
+
+
+class Seq2SeqTransformer(_Model):
+    """Encoder-decoder with one embedding table shared by source and target."""
+
+    def __init__(self, config: Seq2SeqConfig, seed: int = 0) -> None:
+        self.config = config
+        rng = np.random.default_rng(seed)
+        self.params = self._init_params(config, rng)
+
+    @staticmethod
+    def _init_params(cfg: Seq2SeqConfig, rng: np.random.Generator) -> dict:
+        """PyTorch's default init: N(0, 1) embeddings, U(+-1/sqrt(fan_in)) weights; zero biases."""
+
+        def init(shape):
+            bound = 1.0 / np.sqrt(shape[1])
+            return rng.uniform(-bound, bound, shape)
+
+        C, F = cfg.d_model, cfg.d_ff
+        embed = rng.standard_normal((cfg.vocab_size, C))
+        embed[cfg.pad_id] = 0.0  # Embedding(padding_idx) starts that row at zero
+        params = {"embed.weight": embed}
+        for i in range(cfg.n_encoder_layers):
+            params.update(with_prefix(_self_block_params(init, C, F), f"encoder.{i}."))
+        params.update(with_prefix(_layernorm_params(C), "encoder_norm."))
+        for i in range(cfg.n_decoder_layers):
+            params.update(with_prefix(_decoder_block_params(init, C, F), f"decoder.{i}."))
+        params.update(with_prefix(_layernorm_params(C), "decoder_norm."))
+        params.update(with_prefix(_linear_params(init, cfg.vocab_size, C), "readout."))
+        return {key: value.astype(cfg.dtype) for key, value in params.items()}
+
+    def forward(self, source: np.ndarray, decoder_input: np.ndarray) -> tuple:
+        """Logits (B, T, V) for source (B, S) and decoder_input (B, T), both int ids."""
+        cfg, p = self.config, self.params
+        source = checks.check_token_ids("source", source, cfg.vocab_size)
+        decoder_input = checks.check_token_ids("decoder_input", decoder_input, cfg.vocab_size)
+        checks.check_same_batch("source", source, "decoder_input", decoder_input)
+        self._check_source_not_all_padding(source)
+        src_visible = padding_visible(source, cfg.pad_id)  # (B, 1, 1, S)
+        tgt_visible = causal_visible(decoder_input.shape[1]) & padding_visible(
+            decoder_input, cfg.pad_id
+        )  # (B, 1, T, T)
+
+        x, src_embed = embedding_forward(source, p["embed.weight"], cfg.pad_id)  # (B, S, C)
+        x, _ = sinusoidal_forward(x)
+        encoder = []
+        for i in range(cfg.n_encoder_layers):
+            block_p = sub(p, f"encoder.{i}.")
+            x, block = self_attention_block_forward(
+                x, block_p, cfg.n_heads, src_visible, cfg.activation
+            )
+            encoder.append(block)
+        memory, encoder_norm = layernorm_forward(
+            x, p["encoder_norm.weight"], p["encoder_norm.bias"]
+        )
+
+        y, tgt_embed = embedding_forward(decoder_input, p["embed.weight"], cfg.pad_id)  # (B, T, C)
+        y, _ = sinusoidal_forward(y)
+        decoder = []
+        for i in range(cfg.n_decoder_layers):
+            block_p = sub(p, f"decoder.{i}.")
+            y, block = decoder_block_forward(
+                y, memory, block_p, cfg.n_heads, tgt_visible, src_visible, cfg.activation
+            )
+            decoder.append(block)
+        y, decoder_norm = layernorm_forward(y, p["decoder_norm.weight"], p["decoder_norm.bias"])
+        logits, readout = linear_forward(y, p["readout.weight"], p["readout.bias"])  # (B, T, V)
+        cache = Seq2SeqCache(
+            src_embed,
+            encoder,
+            encoder_norm,
+            tgt_embed,
+            decoder,
+            decoder_norm,
+            readout,
+            logits.shape,
+        )
+        return logits, cache
+
+    def backward(self, dlogits: np.ndarray, cache: Seq2SeqCache) -> dict[str, np.ndarray]:
+        """Gradients of every parameter, keyed like self.params. See docs/gradients.md#models."""
+        dlogits = checks.check_upstream_gradient(
+            "dlogits", dlogits, cache.logits_shape, self.params["readout.weight"].dtype
+        )
+        grads: dict[str, np.ndarray] = {}
+        dy, grads["readout.weight"], grads["readout.bias"] = linear_backward(dlogits, cache.readout)
+        dy, grads["decoder_norm.weight"], grads["decoder_norm.bias"] = layernorm_backward(
+            dy, cache.decoder_norm
+        )
+        dmemory = 0.0
+        for i in reversed(range(len(cache.decoder))):
+            dy, dmemory_i, block_grads = decoder_block_backward(dy, cache.decoder[i])
+            dmemory = dmemory + dmemory_i  # memory fed every decoder block's cross-attention
+            grads.update(with_prefix(block_grads, f"decoder.{i}."))
+        dembed_tgt = embedding_backward(sinusoidal_backward(dy, None), cache.tgt_embed)
+
+        dx, grads["encoder_norm.weight"], grads["encoder_norm.bias"] = layernorm_backward(
+            dmemory, cache.encoder_norm
+        )
+        for i in reversed(range(len(cache.encoder))):
+            dx, block_grads = self_attention_block_backward(dx, cache.encoder[i])
+            grads.update(with_prefix(block_grads, f"encoder.{i}."))
+        dembed_src = embedding_backward(sinusoidal_backward(dx, None), cache.src_embed)
+        grads["embed.weight"] = dembed_src + dembed_tgt  # one table fed source and target
+        return {key: grads[key] for key in self.params}
+
+    def loss_and_grads(
+        self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """Mean cross-entropy over non-padding targets, and its gradient for every parameter."""
+        logits, cache = self.forward(source, decoder_input)
+        target = self._check_target(target, logits.shape[:2])
+        return self._loss_and_grads(logits, cache, target, self.config.pad_id)
+
+    def loss(self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray) -> float:
+        logits, _ = self.forward(source, decoder_input)
+        target = self._check_target(target, logits.shape[:2])
+        return float(cross_entropy_forward(logits, target, self.config.pad_id)[0])
+
+    def _check_target(self, target: np.ndarray, shape: tuple) -> np.ndarray:
+        cfg = self.config
+        return checks.check_targets("target", target, shape, cfg.vocab_size, cfg.pad_id)
+
+    def _check_source_not_all_padding(self, source: np.ndarray) -> None:
+        all_padding = (source == self.config.pad_id).all(axis=1)
+        if all_padding.any():
+            b = int(np.argmax(all_padding))
+            raise ValueError(
+                f"source row {b} is all padding (id {self.config.pad_id}): "
+                "the encoder has no token to attend to"
+            )
+
+
+# ---------------------------------------------------------------------- MiniGPT
+
+
+class GPTCache(NamedTuple):
+    tok_embed: tuple
+    pos_embed: tuple
+    blocks: list
+    final_norm: tuple
+    head: tuple
+    logits_shape: tuple
+
+
+class MiniGPT(_Model):
+    """Decoder-only character model: token + learned position embeddings, causal blocks."""
+
+    def __init__(self, config: GPTConfig, seed: int = 0) -> None:
+        self.config = config
+        rng = np.random.default_rng(seed)
+        self.params = self._init_params(config, rng)
+
+    @staticmethod
+    def _init_params(cfg: GPTConfig, rng: np.random.Generator) -> dict:
+        """N(0, 0.02) for embeddings and weight matrices, as GPT-2; zero biases."""
+
+        def init(shape):
+            return rng.normal(0.0, 0.02, shape)
+
+        C, F = cfg.d_model, cfg.d_ff
+        params = {
+            "tok_embed.weight": init((cfg.vocab_size, C)),
+            "pos_embed.weight": init((cfg.max_len, C)),
+        }
+        for i in range(cfg.n_layers):
+            params.update(with_prefix(_self_block_params(init, C, F), f"blocks.{i}."))
+        params.update(with_prefix(_layernorm_params(C), "final_norm."))
+        params.update(with_prefix(_linear_params(init, cfg.vocab_size, C), "head."))
+        return {key: value.astype(cfg.dtype) for key, value in params.items()}
+
+    def forward(self, idx: np.ndarray) -> tuple:
+        """Logits (B, T, V) for idx (B, T) int ids, T <= max_len."""
+        cfg, p = self.config, self.params
+        idx = checks.check_token_ids("idx", idx, cfg.vocab_size)
+        if idx.shape[1] > cfg.max_len:
+            raise ValueError(f"idx has {idx.shape[1]} positions but max_len is {cfg.max_len}")
+        visible = causal_visible(idx.shape[1])  # (1, 1, T, T)
+
+        x, tok_embed = embedding_forward(idx, p["tok_embed.weight"])  # (B, T, C)
+        x, pos_embed = learned_positions_forward(x, p["pos_embed.weight"])
+        blocks = []
+        for i in range(cfg.n_layers):
+            block_p = sub(p, f"blocks.{i}.")
+            x, block = self_attention_block_forward(
+                x, block_p, cfg.n_heads, visible, cfg.activation
+            )
+            blocks.append(block)
+        x, final_norm = layernorm_forward(x, p["final_norm.weight"], p["final_norm.bias"])
+        logits, head = linear_forward(x, p["head.weight"], p["head.bias"])  # (B, T, V)
+        return logits, GPTCache(tok_embed, pos_embed, blocks, final_norm, head, logits.shape)
+
+    def backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
+        """Gradients of every parameter, keyed like self.params. See docs/gradients.md#models."""
+        dlogits = checks.check_upstream_gradient(
+            "dlogits", dlogits, cache.logits_shape, self.params["head.weight"].dtype
+        )
+        grads: dict[str, np.ndarray] = {}
+        dx, grads["head.weight"], grads["head.bias"] = linear_backward(dlogits, cache.head)
+        dx, grads["final_norm.weight"], grads["final_norm.bias"] = layernorm_backward(
+            dx, cache.final_norm
+        )
+        for i in reversed(range(len(cache.blocks))):
+            dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
+            grads.update(with_prefix(block_grads, f"blocks.{i}."))
+        dx, grads["pos_embed.weight"] = learned_positions_backward(dx, cache.pos_embed)
+        grads["tok_embed.weight"] = embedding_backward(dx, cache.tok_embed)
+        return {key: grads[key] for key in self.params}
+
+    def loss_and_grads(
+        self, idx: np.ndarray, targets: np.ndarray
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """Mean next-token cross-entropy (targets of -100 are ignored) and its gradients."""
+        logits, cache = self.forward(idx)
+        targets = self._check_targets(targets, logits.shape[:2])
+        return self._loss_and_grads(logits, cache, targets, GPT_IGNORE_INDEX)
+
+    def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
+        logits, _ = self.forward(idx)
+        targets = self._check_targets(targets, logits.shape[:2])
+        return float(cross_entropy_forward(logits, targets, GPT_IGNORE_INDEX)[0])
+
+    def _check_targets(self, targets: np.ndarray, shape: tuple) -> np.ndarray:
+        vocab = self.config.vocab_size
+        return checks.check_targets("targets", targets, shape, vocab, GPT_IGNORE_INDEX)
