@@ -10,6 +10,7 @@ so hidden weights are exactly 0. A query row with no visible key is a ValueError
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -54,7 +55,7 @@ def attention_forward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None
 ) -> tuple:
     """y = softmax(q k^T / sqrt(hs), hidden keys at -inf) v."""
-    scale = 1.0 / np.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1])  # a Python float keeps float32 float32
     scores = (q @ k.swapaxes(-1, -2)) * scale  # (B, H, Tq, Tk)
     if visible is not None:
         check_every_row_sees_a_key(visible, scores.shape)
@@ -69,7 +70,7 @@ def attention_forward(
 def attention_backward(dy: np.ndarray, cache: AttentionCache) -> tuple:
     """See docs/gradients.md#attention. Returns (dq, dk, dv)."""
     q, k, v, weights = cache
-    scale = 1.0 / np.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1])
     # forward was y = weights @ v
     dweights = dy @ v.swapaxes(-1, -2)  # (B, H, Tq, Tk)
     dv = weights.swapaxes(-1, -2) @ dy  # (B, H, Tk, hs)
