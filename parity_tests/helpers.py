@@ -1,10 +1,11 @@
-"""Shared test helpers: one call checks a forward/backward pair against finite differences."""
+"""Shared test helpers: one call checks a layer pair against finite differences and torch."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
+import torch
 
 from numpy_engine.gradcheck import (
     noise_floor,
@@ -12,6 +13,7 @@ from numpy_engine.gradcheck import (
     relative_error,
     sample_indices,
 )
+from torch_reference.compare import FLOAT32_FACTOR, compare, float32_checks, float64_ok
 
 FD_TOLERANCE = 1e-6  # float64 central differences; we see ~1e-8 and below
 WORST_ERRORS: dict[str, float] = {}  # check name -> worst error, printed after the run
@@ -66,3 +68,72 @@ def random_visible(rng: np.random.Generator, shape: tuple, kind: str) -> np.ndar
     one_key_per_row = rng.integers(0, Tk, size=(B, H, Tq, 1))
     np.put_along_axis(visible, one_key_per_row, True, axis=-1)
     return visible
+
+
+# --------------------------------------------------------------------- against torch
+
+
+class LayerCase(NamedTuple):
+    """One layer pair with its inputs, checked by finite differences and against torch."""
+
+    name: str
+    inputs: dict[str, np.ndarray]  # float64 arrays whose gradients are checked
+    forward: Callable[[dict], tuple]  # engine: inputs -> (out, cache)
+    backward: Callable[[np.ndarray, object], dict]  # engine: (dout, cache) -> {name: grad}
+    torch_forward: Callable[[dict], torch.Tensor]  # torch: {name: tensor} -> out
+
+
+def check_layer(case: LayerCase, rng: np.random.Generator) -> None:
+    """Both witnesses: central finite differences, then PyTorch autograd (float64 and float32)."""
+    assert_matches_finite_differences(case.name, case.forward, case.backward, case.inputs, rng)
+    assert_matches_torch(case, rng)
+
+
+def _engine_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
+    out, cache = case.forward(inputs)
+    return {"output": out} | {f"d{key}": g for key, g in case.backward(dout, cache).items()}
+
+
+def _torch_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
+    tensors = {key: torch.tensor(value, requires_grad=True) for key, value in inputs.items()}
+    out = case.torch_forward(tensors)
+    out.backward(torch.tensor(dout))
+    grads = {f"d{key}": t.grad.numpy() for key, t in tensors.items()}
+    return {"output": out.detach().numpy()} | grads
+
+
+def assert_matches_torch(case: LayerCase, rng: np.random.Generator) -> None:
+    out, _ = case.forward(case.inputs)
+    dout = rng.standard_normal(np.shape(out))  # random, never all ones
+    ours, golden = _engine_run(case, case.inputs, dout), _torch_run(case, case.inputs, dout)
+    assert_all_close_float64(case.name, ours, golden)
+    inputs32 = {key: value.astype(np.float32) for key, value in case.inputs.items()}
+    dout32 = np.asarray(dout, dtype=np.float32)
+    ours32, torch32 = _engine_run(case, inputs32, dout32), _torch_run(case, inputs32, dout32)
+    assert_float32_no_worse_than_torch(case.name, ours32, torch32, golden)
+
+
+def assert_all_close_float64(name: str, ours: dict, ref: dict) -> None:
+    assert ours.keys() == ref.keys(), f"{name}: {sorted(ours)} vs {sorted(ref)}"
+    scale = max(float(np.linalg.norm(value)) for value in ref.values())
+    for key in ref:
+        c = compare(f"{name}: {key}", ours[key], ref[key])
+        # The summary's relative differences leave out tensors below 1e-3 of the case's
+        # largest (e.g. everything behind a layernorm over 2 channels, whose gradient is
+        # ~eps): there both engines agree to rounding of the case's scale, not of the tensor.
+        if c.ref_norm > 1e-3 * scale:
+            record(f"torch float64 {name}", c.rel)
+        assert float64_ok(c), c.describe()
+
+
+def assert_float32_no_worse_than_torch(name: str, ours32: dict, torch32: dict, golden: dict):
+    checks = float32_checks(ours32, torch32, golden)
+    for key, check in checks.items():
+        if check.golden_norm > 1e-3 * max(c.golden_norm for c in checks.values()):
+            record(f"float32 engine {name}", check.engine_error / check.golden_norm)
+            record(f"float32 torch  {name}", check.torch_error / check.golden_norm)
+        assert check.ok, (
+            f"{name}: {key} in float32 is {check.engine_error:.3e} from the float64 golden run "
+            f"(norm {check.golden_norm:.3e}), above the bound {check.bound:.3e} = "
+            f"{FLOAT32_FACTOR} x torch's float32 error {check.torch_error:.3e} + slack"
+        )

@@ -12,8 +12,8 @@ import numpy_engine as ne
 from numpy_engine.gradcheck import noise_floor, numerical_gradient, relative_error, sample_indices
 from parity_tests.helpers import FD_TOLERANCE, record
 from parity_tests.strategies import (
-    GPTCase,
-    Seq2SeqCase,
+    SMALLEST_GPT,
+    SMALLEST_SEQ2SEQ,
     gpt_cases,
     randomize_params,
     seq2seq_cases,
@@ -33,23 +33,6 @@ def assert_loss_gradients_match_fd(name, model, loss_fn, grads, rng):
         assert error < FD_TOLERANCE, (
             f"{name}: d{key} relative error {error:.3e} vs finite differences"
         )
-
-
-SMALLEST_SEQ2SEQ = Seq2SeqCase(
-    ne.Seq2SeqConfig(vocab_size=3, d_model=1, n_heads=1, d_ff=1, dtype="float64"),
-    source=np.array([[1, 2], [2, 0]]),
-    decoder_input=np.array([[1, 2], [1, 0]]),
-    target=np.array([[2, 1], [2, 0]]),
-    seed=0,
-)
-SMALLEST_GPT = GPTCase(
-    ne.GPTConfig(
-        vocab_size=2, d_model=1, n_heads=1, d_ff=1, n_layers=1, max_len=2, dtype="float64"
-    ),
-    idx=np.array([[0, 1], [1, 1]]),
-    targets=np.array([[1, 0], [0, -100]]),
-    seed=0,
-)
 
 
 @given(case=seq2seq_cases())

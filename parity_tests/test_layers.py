@@ -1,4 +1,5 @@
-"""Every layer pair against central finite differences in float64 (no torch needed).
+"""Every layer pair against two witnesses: central finite differences (float64) and
+PyTorch autograd (float64 within 1e-10, float32 no worse than 4x torch's own error).
 
 Hypothesis draws shapes, masks, activations and a seed; values come from the seed.
 """
@@ -6,13 +7,23 @@ Hypothesis draws shapes, masks, activations and a seed; values come from the see
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
+from torch.func import functional_call
 
+import torch_reference.modules as TM
 from numpy_engine import attention as A
 from numpy_engine import blocks
 from numpy_engine import layers as L
-from parity_tests.helpers import assert_matches_finite_differences, random_visible
+from parity_tests.helpers import (
+    LayerCase,
+    assert_matches_finite_differences,
+    assert_matches_torch,
+    check_layer,
+    random_visible,
+)
 
 seeds = st.integers(0, 2**32 - 1)
 small = st.integers(1, 4)
@@ -24,8 +35,10 @@ def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 
 def linear_params(rng, out_features, in_features, prefix=""):
+    """Weights scaled by 1/sqrt(fan_in), as in training, so activations stay O(1) and
+    softmaxes do not saturate (a saturated softmax leaves gradients at rounding level)."""
     return {
-        f"{prefix}weight": normal(rng, out_features, in_features),
+        f"{prefix}weight": normal(rng, out_features, in_features) / np.sqrt(in_features),
         f"{prefix}bias": normal(rng, out_features),
     }
 
@@ -48,8 +61,12 @@ def ffn_params(rng, C, F, prefix=""):
     }
 
 
-def only(inputs: dict, prefix: str) -> dict:
-    return blocks.sub(inputs, prefix)
+def params_of(inputs: dict, *not_params: str) -> dict:
+    return {key: value for key, value in inputs.items() if key not in not_params}
+
+
+def as_torch(visible: np.ndarray | None) -> torch.Tensor | None:
+    return None if visible is None else torch.tensor(visible)
 
 
 # ------------------------------------------------------------------------------ layers
@@ -67,7 +84,10 @@ def test_linear(B, T, c_in, c_out, seed):
     def backward(dout, cache):
         return dict(zip(("x", "weight", "bias"), L.linear_backward(dout, cache), strict=True))
 
-    assert_matches_finite_differences("linear", forward, backward, inputs, rng)
+    def torch_forward(t):
+        return F.linear(t["x"], t["weight"], t["bias"])
+
+    check_layer(LayerCase("linear", inputs, forward, backward, torch_forward), rng)
 
 
 @given(B=small, T=st.integers(1, 6), V=st.integers(2, 6), C=small, seed=seeds)
@@ -75,18 +95,31 @@ def test_linear(B, T, c_in, c_out, seed):
 def test_embedding_with_padding_and_repeats(B, T, V, C, seed):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, V, size=(B, T))  # id 0 is padding; repeats are likely
-    # padding_idx's gradient is zero by definition (PyTorch's rule, not calculus), so
-    # finite differences judge the other rows; test_semantics checks the padding row.
-    inputs = {"weight[1:]": normal(rng, V - 1, C)}
 
+    def backward(dout, cache):
+        return {"weight": L.embedding_backward(dout, cache)}
+
+    def torch_forward(t):
+        return F.embedding(torch.tensor(ids), t["weight"], padding_idx=0)
+
+    # Against torch: the whole table, padding row included (its gradient must be 0 in both).
     def forward(i):
+        return L.embedding_forward(ids, i["weight"], padding_idx=0)
+
+    inputs = {"weight": normal(rng, V, C)}
+    assert_matches_torch(LayerCase("embedding", inputs, forward, backward, torch_forward), rng)
+
+    # Against finite differences: the padding row's zero gradient is PyTorch's rule, not
+    # calculus, so the padding row is held at zero and the other rows are nudged.
+    def forward_rest(i):
         weight = np.concatenate([np.zeros((1, C)), i["weight[1:]"]])  # (V, C)
         return L.embedding_forward(ids, weight, padding_idx=0)
 
-    def backward(dout, cache):
+    def backward_rest(dout, cache):
         return {"weight[1:]": L.embedding_backward(dout, cache)[1:]}
 
-    assert_matches_finite_differences("embedding (padding_idx=0)", forward, backward, inputs, rng)
+    rest = {"weight[1:]": inputs["weight"][1:].copy()}
+    assert_matches_finite_differences("embedding", forward_rest, backward_rest, rest, rng)
 
 
 @given(B=small, T=small, C=small, seed=seeds)
@@ -99,8 +132,11 @@ def test_sinusoidal_positions(B, T, C, seed):
     def backward(dout, cache):
         return {"x": L.sinusoidal_backward(dout, cache)}
 
+    def torch_forward(t):
+        return t["x"] + TM.sinusoidal_table(T, C, t["x"].dtype)
+
     inputs = {"x": normal(rng, B, T, C)}
-    assert_matches_finite_differences("sinusoidal positions", forward, backward, inputs, rng)
+    check_layer(LayerCase("sinusoidal positions", inputs, forward, backward, torch_forward), rng)
 
 
 @given(B=small, T=small, extra=st.integers(0, 3), C=small, seed=seeds)
@@ -114,7 +150,10 @@ def test_learned_positions(B, T, extra, C, seed):
     def backward(dout, cache):
         return dict(zip(("x", "weight"), L.learned_positions_backward(dout, cache), strict=True))
 
-    assert_matches_finite_differences("learned positions", forward, backward, inputs, rng)
+    def torch_forward(t):
+        return t["x"] + t["weight"][:T]
+
+    check_layer(LayerCase("learned positions", inputs, forward, backward, torch_forward), rng)
 
 
 @given(B=small, T=small, C=st.integers(2, 8), seed=seeds)
@@ -127,11 +166,16 @@ def test_layernorm(B, T, C, seed):
         return L.layernorm_forward(i["x"], i["ln.weight"], i["ln.bias"])
 
     def backward(dout, cache):
-        return dict(
-            zip(("x", "ln.weight", "ln.bias"), L.layernorm_backward(dout, cache), strict=True)
-        )
+        grads = L.layernorm_backward(dout, cache)
+        return dict(zip(("x", "ln.weight", "ln.bias"), grads, strict=True))
 
-    assert_matches_finite_differences("layernorm", forward, backward, inputs, rng)
+    def torch_forward(t):
+        return F.layer_norm(t["x"], (C,), t["ln.weight"], t["ln.bias"], eps=1e-5)
+
+    check_layer(LayerCase("layernorm", inputs, forward, backward, torch_forward), rng)
+
+
+TORCH_ACTIVATIONS = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="tanh")}
 
 
 @given(activation=activations, B=small, T=small, C=small, seed=seeds)
@@ -145,23 +189,30 @@ def test_activation(activation, B, T, C, seed):
     def backward(dout, cache):
         return {"x": act_backward(dout, cache)}
 
+    def torch_forward(t):
+        return TORCH_ACTIVATIONS[activation](t["x"])
+
     inputs = {"x": normal(rng, B, T, C)}  # a draw within h of ReLU's kink has probability ~1e-5
-    assert_matches_finite_differences(activation, forward, backward, inputs, rng)
+    check_layer(LayerCase(activation, inputs, forward, backward, torch_forward), rng)
 
 
-@given(activation=activations, B=small, T=small, C=small, F=st.integers(1, 8), seed=seeds)
-def test_feed_forward(activation, B, T, C, F, seed):
+@given(activation=activations, B=small, T=small, C=small, F_=st.integers(1, 8), seed=seeds)
+def test_feed_forward(activation, B, T, C, F_, seed):
     rng = np.random.default_rng(seed)
-    inputs = {"x": normal(rng, B, T, C), **ffn_params(rng, C, F)}
+    inputs = {"x": normal(rng, B, T, C), **ffn_params(rng, C, F_)}
 
     def forward(i):
-        return L.ffn_forward(i["x"], only(i, ""), activation)
+        return L.ffn_forward(i["x"], params_of(i, "x"), activation)
 
     def backward(dout, cache):
         dx, grads = L.ffn_backward(dout, cache)
         return {"x": dx, **grads}
 
-    assert_matches_finite_differences(f"ffn ({activation})", forward, backward, inputs, rng)
+    def torch_forward(t):
+        module = TM.FeedForward(C, F_, activation)
+        return functional_call(module, params_of(t, "x"), (t["x"],))
+
+    check_layer(LayerCase(f"ffn ({activation})", inputs, forward, backward, torch_forward), rng)
 
 
 @given(B=small, T=small, V=st.integers(2, 7), ignore_index=st.sampled_from([0, -100]), seed=seeds)
@@ -179,7 +230,11 @@ def test_cross_entropy_with_ignore_index(B, T, V, ignore_index, seed):
     def backward(dloss, cache):
         return {"logits": L.cross_entropy_backward(float(dloss), cache)}
 
-    assert_matches_finite_differences("cross-entropy", forward, backward, inputs, rng)
+    def torch_forward(t):
+        logits = t["logits"].reshape(-1, V)
+        return F.cross_entropy(logits, torch.tensor(targets).reshape(-1), ignore_index=ignore_index)
+
+    check_layer(LayerCase("cross-entropy", inputs, forward, backward, torch_forward), rng)
 
 
 # --------------------------------------------------------------------------- attention
@@ -203,7 +258,11 @@ def test_scaled_dot_product_attention(B, H, Tq, Tk, hs, kind, seed):
     def backward(dout, cache):
         return dict(zip("qkv", A.attention_backward(dout, cache), strict=True))
 
-    assert_matches_finite_differences(f"attention ({kind} mask)", forward, backward, inputs, rng)
+    def torch_forward(t):
+        return TM.attention(t["q"], t["k"], t["v"], as_torch(visible))
+
+    case = LayerCase(f"attention ({kind} mask)", inputs, forward, backward, torch_forward)
+    check_layer(case, rng)
 
 
 @given(B=small, H=st.integers(1, 3), T=small, hs=small, causal=st.booleans(), seed=seeds)
@@ -213,14 +272,18 @@ def test_multi_head_self_attention(B, H, T, hs, causal, seed):
     inputs = {"x": normal(rng, B, T, H * hs), **attention_params(rng, H * hs)}
 
     def forward(i):
-        return A.mha_forward(i["x"], i["x"], only(i, ""), H, visible)
+        return A.mha_forward(i["x"], i["x"], params_of(i, "x"), H, visible)
 
     def backward(dout, cache):
         dx_q, dx_kv, grads = A.mha_backward(dout, cache)
         return {"x": dx_q + dx_kv, **grads}  # x fed the queries and the keys/values
 
+    def torch_forward(t):
+        module = TM.MultiHeadAttention(H * hs, H)
+        return functional_call(module, params_of(t, "x"), (t["x"], t["x"], as_torch(visible)))
+
     name = "causal self-attention" if causal else "self-attention"
-    assert_matches_finite_differences(name, forward, backward, inputs, rng)
+    check_layer(LayerCase(name, inputs, forward, backward, torch_forward), rng)
 
 
 @given(B=small, H=st.integers(1, 3), T=small, S=small, hs=small, seed=seeds)
@@ -231,49 +294,60 @@ def test_multi_head_cross_attention(B, H, T, S, hs, seed):
     inputs = {"x": normal(rng, B, T, C), "memory": normal(rng, B, S, C), **attention_params(rng, C)}
 
     def forward(i):
-        return A.mha_forward(i["x"], i["memory"], only(i, ""), H, visible)
+        return A.mha_forward(i["x"], i["memory"], params_of(i, "x", "memory"), H, visible)
 
     def backward(dout, cache):
         dx, dmemory, grads = A.mha_backward(dout, cache)
         return {"x": dx, "memory": dmemory, **grads}
 
-    assert_matches_finite_differences("cross-attention", forward, backward, inputs, rng)
+    def torch_forward(t):
+        module = TM.MultiHeadAttention(C, H)
+        args = (t["x"], t["memory"], as_torch(visible))
+        return functional_call(module, params_of(t, "x", "memory"), args)
+
+    check_layer(LayerCase("cross-attention", inputs, forward, backward, torch_forward), rng)
 
 
 # ------------------------------------------------------------------------------ blocks
 
 
-def self_block_params(rng, C, F):
+def self_block_params(rng, C, F_):
     return {
         **layernorm_params(rng, C, "ln1"),
         **attention_params(rng, C, "attn."),
         **layernorm_params(rng, C, "ln2"),
-        **ffn_params(rng, C, F, "ffn."),
+        **ffn_params(rng, C, F_, "ffn."),
     }
 
 
-@given(B=small, H=st.integers(1, 3), T=small, hs=small, F=small, activation=activations,
+@given(B=small, H=st.integers(1, 3), T=small, hs=small, F_=small, activation=activations,
        causal=st.booleans(), seed=seeds)  # fmt: skip
-def test_self_attention_block(B, H, T, hs, F, activation, causal, seed):
+def test_self_attention_block(B, H, T, hs, F_, activation, causal, seed):
     rng = np.random.default_rng(seed)
     C = H * hs
     visible = random_visible(rng, (B, H, T, T), "causal" if causal else "padding")
-    inputs = {"x": normal(rng, B, T, C), **self_block_params(rng, C, F)}
+    inputs = {"x": normal(rng, B, T, C), **self_block_params(rng, C, F_)}
 
     def forward(i):
-        return blocks.self_attention_block_forward(i["x"], only(i, ""), H, visible, activation)
+        return blocks.self_attention_block_forward(
+            i["x"], params_of(i, "x"), H, visible, activation
+        )
 
     def backward(dout, cache):
         dx, grads = blocks.self_attention_block_backward(dout, cache)
         return {"x": dx, **grads}
 
+    def torch_forward(t):
+        module = TM.SelfAttentionBlock(C, H, F_, activation)
+        return functional_call(module, params_of(t, "x"), (t["x"], as_torch(visible)))
+
     name = "decoder-only block" if causal else "encoder block"
-    assert_matches_finite_differences(name, forward, backward, inputs, rng)
+    check_layer(LayerCase(name, inputs, forward, backward, torch_forward), rng)
 
 
-@given(B=small, H=st.integers(1, 3), T=small, S=small, hs=small, F=small, activation=activations,
+@given(B=small, H=st.integers(1, 3), T=small, S=small, hs=small, F_=small, activation=activations,
        seed=seeds)  # fmt: skip
-def test_decoder_block(B, H, T, S, hs, F, activation, seed):
+def test_decoder_block(B, H, T, S, hs, F_, activation, seed):
     rng = np.random.default_rng(seed)
     C = H * hs
     self_visible = random_visible(rng, (B, H, T, T), "causal")
@@ -286,11 +360,11 @@ def test_decoder_block(B, H, T, S, hs, F, activation, seed):
         **layernorm_params(rng, C, "ln2"),
         **attention_params(rng, C, "cross_attn."),
         **layernorm_params(rng, C, "ln3"),
-        **ffn_params(rng, C, F, "ffn."),
+        **ffn_params(rng, C, F_, "ffn."),
     }
 
     def forward(i):
-        p = {key: value for key, value in i.items() if key not in ("y", "memory")}
+        p = params_of(i, "y", "memory")
         return blocks.decoder_block_forward(
             i["y"], i["memory"], p, H, self_visible, memory_visible, activation
         )
@@ -299,4 +373,9 @@ def test_decoder_block(B, H, T, S, hs, F, activation, seed):
         dy, dmemory, grads = blocks.decoder_block_backward(dout, cache)
         return {"y": dy, "memory": dmemory, **grads}
 
-    assert_matches_finite_differences("decoder block", forward, backward, inputs, rng)
+    def torch_forward(t):
+        module = TM.DecoderBlock(C, H, F_, activation)
+        args = (t["y"], t["memory"], as_torch(self_visible), as_torch(memory_visible))
+        return functional_call(module, params_of(t, "y", "memory"), args)
+
+    check_layer(LayerCase("decoder block", inputs, forward, backward, torch_forward), rng)

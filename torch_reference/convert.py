@@ -1,0 +1,65 @@
+"""The one module where numpy_engine meets torch: weights in, parameters and gradients out.
+
+Arrays are copied both ways (torch.tensor copies; .numpy() results are copied), so an
+engine model and its torch twin never share memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+from torch import nn
+
+import numpy_engine as ne
+from torch_reference.models import MiniGPT, Seq2SeqTransformer
+
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def torch_model_for(engine_model: ne.Seq2SeqTransformer | ne.MiniGPT) -> nn.Module:
+    """The torch_reference twin of an engine model: same config, dtype and weights."""
+    config = engine_model.config
+    kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    dtype = TORCH_DTYPES[kwargs.pop("dtype")]
+    torch_class = Seq2SeqTransformer if isinstance(engine_model, ne.Seq2SeqTransformer) else MiniGPT
+    module = torch_class(**kwargs).to(dtype)
+    load_engine_params(module, engine_model.params)
+    return module
+
+
+def load_engine_params(module: nn.Module, params: dict[str, np.ndarray]) -> None:
+    """Copy params into module with strict=True, after checking keys, shapes and dtypes."""
+    expected = module.state_dict()
+    missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
+    if missing or extra:
+        raise ValueError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
+    for key, tensor in expected.items():
+        value = params[key]
+        if tuple(value.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"params[{key!r}] has shape {value.shape}, torch expects {tuple(tensor.shape)}"
+            )
+        if torch.tensor(value[:0]).dtype != tensor.dtype:
+            raise TypeError(
+                f"params[{key!r}] has dtype {value.dtype}, torch expects {tensor.dtype}"
+            )
+    module.load_state_dict({key: torch.tensor(value) for key, value in params.items()}, strict=True)
+
+
+def params_from_torch(module: nn.Module) -> dict[str, np.ndarray]:
+    return {key: value.detach().numpy().copy() for key, value in module.state_dict().items()}
+
+
+def grads_from_torch(module: nn.Module) -> dict[str, np.ndarray]:
+    """Each parameter's .grad as an array; a parameter autograd never reached gets zeros."""
+    return {
+        name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy().copy()
+        for name, p in module.named_parameters()
+    }
+
+
+def tensor(array: np.ndarray) -> torch.Tensor:
+    """A copy (never torch.from_numpy on a possibly read-only view, which warns)."""
+    return torch.tensor(np.asarray(array))
