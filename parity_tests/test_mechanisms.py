@@ -1,0 +1,237 @@
+"""What masking and causality promise, checked on the engine's models.
+
+Each invariance is measured by a function that returns a deviation; the tests
+require it to be ~0, and the tests at the bottom remove the mask it depends on and
+require the same measurement to fail, so none of these checks can pass vacuously.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+import numpy_engine as ne
+import numpy_engine.models
+from numpy_engine import attention as A
+from parity_tests.strategies import gpt_cases, randomize_params, seq2seq_cases
+
+INVARIANCE_TOLERANCE = 1e-12  # float64, normwise relative; a broken mask gives ~1e-2
+
+
+def relative_deviation(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def seq2seq_model(case) -> ne.Seq2SeqTransformer:
+    model = ne.Seq2SeqTransformer(case.config, seed=case.seed)
+    randomize_params(model, np.random.default_rng(case.seed))
+    return model
+
+
+def gpt_model(case) -> ne.MiniGPT:
+    model = ne.MiniGPT(case.config, seed=case.seed)
+    randomize_params(model, np.random.default_rng(case.seed))
+    return model
+
+
+# ------------------------------------------------------------------------ measurements
+
+
+def future_token_deviation(model, source, decoder_input, rng) -> float:
+    """Change every decoder input after position t; logits up to t must not move."""
+    logits, _ = model.forward(source, decoder_input)
+    worst = 0.0
+    for t in range(decoder_input.shape[1] - 1):
+        changed = decoder_input.copy()
+        changed[:, t + 1 :] = rng.integers(1, model.config.vocab_size, changed[:, t + 1 :].shape)
+        changed_logits, _ = model.forward(source, changed)
+        worst = max(worst, relative_deviation(changed_logits[:, : t + 1], logits[:, : t + 1]))
+    return worst
+
+
+def gpt_future_token_deviation(model, idx, rng) -> float:
+    logits, _ = model.forward(idx)
+    worst = 0.0
+    for t in range(idx.shape[1] - 1):
+        changed = idx.copy()
+        changed[:, t + 1 :] = rng.integers(0, model.config.vocab_size, changed[:, t + 1 :].shape)
+        changed_logits, _ = model.forward(changed)
+        worst = max(worst, relative_deviation(changed_logits[:, : t + 1], logits[:, : t + 1]))
+    return worst
+
+
+def source_padding_deviation(model, source, decoder_input, extra: int = 2) -> float:
+    """Append padding to every source row; the predictions must not move."""
+    logits, _ = model.forward(source, decoder_input)
+    padded = np.pad(source, ((0, 0), (0, extra)), constant_values=model.config.pad_id)
+    padded_logits, _ = model.forward(padded, decoder_input)
+    return relative_deviation(padded_logits, logits)
+
+
+def prefix_deviation(model, source, decoder_input) -> float:
+    """Decoding each prefix alone gives the matching position of the full causal pass."""
+    full, _ = model.forward(source, decoder_input)
+    worst = 0.0
+    for t in range(decoder_input.shape[1]):
+        prefix = decoder_input[:, : t + 1]
+        visible_rows = prefix[:, 0] != model.config.pad_id
+        prefix_logits, _ = model.forward(source[visible_rows], prefix[visible_rows])
+        worst = max(worst, relative_deviation(prefix_logits[:, t], full[visible_rows, t]))
+    return worst
+
+
+def gpt_prefix_deviation(model, idx) -> float:
+    full, _ = model.forward(idx)
+    worst = 0.0
+    for t in range(idx.shape[1]):
+        prefix_logits, _ = model.forward(idx[:, : t + 1])
+        worst = max(worst, relative_deviation(prefix_logits[:, t], full[:, t]))
+    return worst
+
+
+def hidden_values_deviation(rng, visible: np.ndarray | None, shape=(2, 3, 4, 5)) -> float:
+    """Overwrite keys and values wherever the padding mask hides them; y must not move."""
+    B, H, T, hs = shape
+    q, k, v = (rng.standard_normal(shape) for _ in range(3))
+    y, _ = A.attention_forward(q, k, v, visible)
+    hidden_keys = np.arange(T) >= np.array([[T], [2]])  # (B, T): row 1 hides keys 2..
+    k2, v2 = k.copy(), v.copy()
+    k2.transpose(0, 2, 1, 3)[hidden_keys] = 100.0 * rng.standard_normal((hidden_keys.sum(), H, hs))
+    v2.transpose(0, 2, 1, 3)[hidden_keys] = 100.0 * rng.standard_normal((hidden_keys.sum(), H, hs))
+    y2, _ = A.attention_forward(q, k2, v2, visible)
+    return relative_deviation(y2, y)
+
+
+ROW_PADDING_VISIBLE = (np.arange(4) < np.array([[4], [2]]))[:, None, None, :]  # (2, 1, 1, 4)
+
+
+# -------------------------------------------------------------------- the invariances
+
+
+@given(case=seq2seq_cases())
+def test_seq2seq_attention_weights_respect_every_mask(case):
+    model = seq2seq_model(case)
+    _, cache = model.forward(case.source, case.decoder_input)
+    src_visible = A.padding_visible(case.source, 0)
+    T = case.decoder_input.shape[1]
+    tgt_visible = A.causal_visible(T) & A.padding_visible(case.decoder_input, 0)
+    attentions = [(block.attn.attention, src_visible) for block in cache.encoder]
+    for block in cache.decoder:
+        attentions += [(block.self_attn.attention, tgt_visible)]
+        attentions += [(block.cross_attn.attention, src_visible)]
+    for attention, visible in attentions:
+        weights = attention.weights  # (B, H, Tq, Tk)
+        np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-13)
+        assert np.count_nonzero(weights[np.broadcast_to(~visible, weights.shape)]) == 0
+
+
+@given(case=gpt_cases())
+def test_gpt_attention_weights_are_causal_and_normalised(case):
+    model = gpt_model(case)
+    _, cache = model.forward(case.idx)
+    hidden = ~A.causal_visible(case.idx.shape[1])
+    for block in cache.blocks:
+        weights = block.attn.attention.weights
+        np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-13)
+        assert np.count_nonzero(weights[np.broadcast_to(hidden, weights.shape)]) == 0
+
+
+def test_values_at_hidden_positions_do_not_matter():
+    assert hidden_values_deviation(np.random.default_rng(0), ROW_PADDING_VISIBLE) == 0.0
+
+
+@given(case=seq2seq_cases())
+def test_seq2seq_future_tokens_do_not_change_earlier_logits(case):
+    model, rng = seq2seq_model(case), np.random.default_rng(case.seed)
+    deviation = future_token_deviation(model, case.source, case.decoder_input, rng)
+    assert deviation <= INVARIANCE_TOLERANCE
+
+
+@given(case=gpt_cases())
+def test_gpt_future_tokens_do_not_change_earlier_logits(case):
+    model, rng = gpt_model(case), np.random.default_rng(case.seed)
+    assert gpt_future_token_deviation(model, case.idx, rng) <= INVARIANCE_TOLERANCE
+
+
+@given(case=seq2seq_cases())
+def test_appending_source_padding_changes_nothing(case):
+    deviation = source_padding_deviation(seq2seq_model(case), case.source, case.decoder_input)
+    assert deviation <= INVARIANCE_TOLERANCE
+
+
+@given(case=seq2seq_cases())
+def test_seq2seq_each_prefix_matches_the_full_pass(case):
+    deviation = prefix_deviation(seq2seq_model(case), case.source, case.decoder_input)
+    assert deviation <= INVARIANCE_TOLERANCE
+
+
+@given(case=gpt_cases())
+def test_gpt_each_prefix_matches_the_full_pass(case):
+    assert gpt_prefix_deviation(gpt_model(case), case.idx) <= INVARIANCE_TOLERANCE
+
+
+@given(case=seq2seq_cases())
+def test_gradients_are_finite(case):
+    _, grads = seq2seq_model(case).loss_and_grads(case.source, case.decoder_input, case.target)
+    assert all(np.isfinite(g).all() for g in grads.values())
+
+
+def test_a_decoder_input_starting_with_padding_is_rejected():
+    model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(dtype="float64"), seed=0)
+    with pytest.raises(ValueError, match="batch row 1, position 0"):
+        model.forward(np.array([[4, 5], [6, 7]]), np.array([[1, 4], [0, 6]]))
+
+
+# ------------------------------------------- each check catches the bug it guards against
+
+
+@pytest.fixture
+def without_causal_mask(monkeypatch):
+    monkeypatch.setattr(numpy_engine.models, "causal_visible", _all_visible_causal)
+
+
+@pytest.fixture
+def without_padding_mask(monkeypatch):
+    monkeypatch.setattr(numpy_engine.models, "padding_visible", _all_visible_padding)
+
+
+def _all_visible_causal(T):
+    return np.ones((1, 1, T, T), dtype=bool)
+
+
+def _all_visible_padding(ids, pad_id):
+    return np.ones((ids.shape[0], 1, 1, ids.shape[1]), dtype=bool)
+
+
+def _seq2seq_batch():
+    model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(dtype="float64"), seed=0)
+    source = np.array([[4, 5, 6], [7, 8, 0]])
+    decoder_input = np.array([[1, 4, 5, 6], [1, 7, 8, 0]])
+    return model, source, decoder_input
+
+
+def test_future_token_check_catches_a_missing_causal_mask(without_causal_mask):
+    model, source, decoder_input = _seq2seq_batch()
+    rng = np.random.default_rng(0)
+    assert future_token_deviation(model, source, decoder_input, rng) > 1e-4
+    gpt = ne.MiniGPT(ne.GPTConfig(n_layers=1, dtype="float64"), seed=0)
+    randomize_params(gpt, rng)
+    assert gpt_future_token_deviation(gpt, rng.integers(0, 13, (2, 6)), rng) > 1e-4
+
+
+def test_prefix_check_catches_a_missing_causal_mask(without_causal_mask):
+    model, source, decoder_input = _seq2seq_batch()
+    assert prefix_deviation(model, source, decoder_input) > 1e-4
+    gpt = ne.MiniGPT(ne.GPTConfig(n_layers=1, dtype="float64"), seed=0)
+    randomize_params(gpt, np.random.default_rng(0))
+    assert gpt_prefix_deviation(gpt, np.random.default_rng(1).integers(0, 13, (2, 6))) > 1e-4
+
+
+def test_source_padding_check_catches_a_missing_padding_mask(without_padding_mask):
+    model, source, decoder_input = _seq2seq_batch()
+    assert source_padding_deviation(model, source, decoder_input) > 1e-4
+
+
+def test_hidden_values_check_catches_a_missing_mask():
+    assert hidden_values_deviation(np.random.default_rng(0), None) > 1e-4

@@ -1,0 +1,58 @@
+"""`numpy-engine parity`: a table per tensor, exit 0 when all pass, 1 when a backward is broken."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import numpy_engine.blocks
+from numpy_engine.cli import main
+from numpy_engine.layers import layernorm_backward
+
+
+@pytest.mark.parametrize("model", ["seq2seq", "gpt"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_parity_report_passes_and_lists_every_tensor(model, dtype, capsys):
+    assert main(["parity", "--model", model, "--dtype", dtype, "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    expected_tensors = 51 if model == "seq2seq" else 56  # params + logits + loss
+    assert f"{expected_tensors} tensors compared, 0 failed ({model}, {dtype}, seed 3)" in out
+    assert out.count("  pass") == expected_tensors
+    assert "readout.weight" in out or "head.weight" in out
+
+
+def _layernorm_backward_without_mean_term(dout, cache):
+    xhat, rstd, weight = cache
+    dx, dweight, dbias = layernorm_backward(dout, cache)
+    dxhat = dout * weight
+    return dx + rstd * dxhat.mean(axis=-1, keepdims=True), dweight, dbias  # drops "- mean(g)"
+
+
+def test_parity_report_fails_on_a_broken_backward(monkeypatch, capsys):
+    monkeypatch.setattr(
+        numpy_engine.blocks, "layernorm_backward", _layernorm_backward_without_mean_term
+    )
+    assert main(["parity", "--model", "gpt"]) == 1
+    out = capsys.readouterr().out
+    failed = [line.split()[0] for line in out.splitlines() if line.endswith("FAIL")]
+    assert "blocks.0.ln1.weight" in failed or "tok_embed.weight" in failed
+    assert np.isin(["head.weight", "head.bias"], failed).sum() == 0  # upstream of the break
+
+
+def test_python_dash_m_runs_the_same_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "numpy_engine", "parity", "--model", "seq2seq"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "0 failed" in result.stdout
+
+
+def test_bad_flag_exits_2_with_a_message(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["parity", "--model", "bert"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'bert'" in capsys.readouterr().err
