@@ -10,6 +10,7 @@ C = d_model, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -159,6 +160,13 @@ class _Model:
     def load_params(self, params: dict[str, np.ndarray]) -> None:
         """Replace the parameters with copies of params, which must match keys, shapes, dtypes."""
         self.params = _check_params(params, self.params)
+
+    def with_dtype(self, dtype: str):
+        """A copy of this model with its config and weights cast to dtype ("float32"/"float64")."""
+        checks.check_choice("dtype", dtype, DTYPES)
+        twin = type(self)(dataclasses.replace(self.config, dtype=dtype))
+        twin.params = {key: value.astype(dtype) for key, value in self.params.items()}
+        return twin
 
     def num_parameters(self) -> int:
         return sum(value.size for value in self.params.values())

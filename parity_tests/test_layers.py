@@ -24,10 +24,9 @@ from parity_tests.helpers import (
     check_layer,
     random_visible,
 )
+from parity_tests.strategies import activations, seeds
 
-seeds = st.integers(0, 2**32 - 1)
 small = st.integers(1, 4)
-activations = st.sampled_from(sorted(L.ACTIVATIONS))
 
 
 def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:

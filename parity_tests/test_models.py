@@ -50,21 +50,12 @@ def torch_results(module, batch: tuple, dlogits: np.ndarray) -> dict[str, np.nda
     )
 
 
-def float32_twin(model):
-    """The same model and weights in float32."""
-    cls = type(model)
-    config32 = type(model.config)(**{**model.config.__dict__, "dtype": "float32"})
-    twin = cls(config32)
-    twin.load_params({key: value.astype(np.float32) for key, value in model.params.items()})
-    return twin
-
-
 def check_model(name: str, model, batch: tuple, rng: np.random.Generator) -> None:
     logits, _ = model.forward(*batch[:-1])
     dlogits = rng.standard_normal(logits.shape)  # random, never all ones
     golden = torch_results(torch_model_for(model), batch, dlogits)
     assert_all_close_float64(name, engine_results(model, batch, dlogits), golden)
-    model32 = float32_twin(model)
+    model32 = model.with_dtype("float32")
     ours32 = engine_results(model32, batch, dlogits)
     torch32 = torch_results(torch_model_for(model32), batch, dlogits)
     assert_float32_no_worse_than_torch(name, ours32, torch32, golden)

@@ -49,13 +49,6 @@ def torch_results(module, batch) -> dict[str, np.ndarray]:
     return scalars | grads_from_torch(module)
 
 
-def float32_twin(model):
-    config32 = type(model.config)(**{**model.config.__dict__, "dtype": "float32"})
-    twin = type(model)(config32)
-    twin.load_params({key: value.astype(np.float32) for key, value in model.params.items()})
-    return twin
-
-
 def report(model_name: str, dtype: str, seed: int) -> tuple[list[str], bool]:
     """The table's lines and whether every row passed."""
     model, batch = build(model_name, seed)
@@ -63,7 +56,7 @@ def report(model_name: str, dtype: str, seed: int) -> tuple[list[str], bool]:
     if dtype == "float64":
         ours, ref, checks = results(model, batch), golden, None
     else:
-        model32 = float32_twin(model)
+        model32 = model.with_dtype("float32")
         ours, ref = results(model32, batch), torch_results(torch_model_for(model32), batch)
         checks = float32_checks(ours, ref, golden)
     header = f"{'tensor':<36} {'shape':<12} {'max |diff|':>10} {'rel diff':>10}"
