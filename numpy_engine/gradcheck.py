@@ -58,19 +58,67 @@ def relative_error(analytic: np.ndarray, numeric: np.ndarray, floor: float = 0.0
     return float(diff / scale) if scale > 0 else 0.0
 
 
-def noise_floor(f_value: float, count: int, h: float = 1e-5, headroom: float = 3e7) -> float:
-    """A floor for relative_error's scale, from the rounding of the finite difference itself.
+def rounding_noise(f: Callable[[], float], x: np.ndarray, index: int, delta: float = 1e-6) -> float:
+    """How much rounding moves f's value, measured at 9 points delta apart around x[index].
 
-    Each central difference of f carries a rounding error of about eps * |f| / h
-    (about 3x that after the Richardson step), so `count` of them about sqrt(count)
-    times that. A gradient that is truly zero (a key
-    bias under softmax's shift invariance) would otherwise divide that noise by ~0.
-    The loss itself rounds at several eps * |f| (it sums many terms); headroom 3e7
-    with a relative tolerance of 1e-6 allows 30x eps * |f| / h per entry, ~1e-9 on
-    a loss near 1: far below the size of any real gradient error.
+    Third differences cancel f's slope and curvature (the third derivative times delta^3
+    is ~1e-18), so what is left is rounding, each difference carrying it sqrt(20) times
+    (noise estimation after More & Wild). A loss computed through cancelling sums can
+    round at tens of times eps * |f|, so guessing the noise from |f| alone is not enough.
     """
-    rounding = np.finfo(np.float64).eps * max(abs(f_value), 1.0) / h * np.sqrt(count)
-    return float(headroom * rounding)
+    flat = x.reshape(-1)
+    original = flat[index]
+    values = []
+    for k in range(-4, 5):
+        flat[index] = original + k * delta
+        values.append(f())
+    flat[index] = original
+    third_differences = np.diff(np.array(values), n=3)  # coefficients 1, -3, 3, -1
+    measured = float(np.sqrt(np.mean(third_differences**2) / 20.0))
+    return max(measured, np.finfo(np.float64).eps * abs(values[4]))
+
+
+def noise_floor(noise: float, count: int, h: float, headroom: float = 3e7) -> float:
+    """A floor for relative_error's scale: the finite difference's own rounding, times headroom.
+
+    Each central difference carries ~noise / h of rounding (~3x that after the Richardson
+    step), `count` of them ~sqrt(count) times that. A gradient that is truly zero (a key
+    bias under softmax's shift invariance) would otherwise divide that by ~0. With
+    headroom 3e7 and a relative tolerance of 1e-6, up to 30x the measured rounding
+    passes: ~2x for the Richardson step, ~3x for a noise estimate from six differences
+    that came out low, and 5x to spare. A wrong gradient is off by far more.
+    """
+    return float(headroom * noise / h * np.sqrt(count))
+
+
+def gradient_error(
+    f: Callable[[], float],
+    x: np.ndarray,
+    analytic: np.ndarray,
+    indices: np.ndarray,
+    tolerance: float = 1e-6,
+    steps: tuple[float, ...] = (1e-5, 1e-4),
+    f_terms: float = 0.0,
+) -> float:
+    """The smallest relative error of analytic (at indices) against finite differences over steps.
+
+    A finite difference goes wrong in two ways: rounding, which shrinks as h grows (a loss
+    computed through cancelling sums rounds at far more than eps * |f|), and kinks or
+    curvature, which shrink as h shrinks. A correct gradient agrees at one of the steps;
+    a wrong one at none. Stops at the first step whose error is within tolerance.
+    f_terms, when f is a sum, is the sum of its terms' magnitudes: its rounding is at
+    least eps * f_terms even where the measurement saw none (f flat in x, as for a key bias).
+    """
+    busiest = int(indices[np.argmax(np.abs(np.ravel(analytic)[indices]))])  # one f depends on
+    noise = max(rounding_noise(f, x, busiest), np.finfo(np.float64).eps * f_terms)
+    best = np.inf
+    for h in steps:
+        numeric = numerical_gradient(f, x, indices, h)
+        floor = noise_floor(noise, len(indices), h)
+        best = min(best, relative_error(np.ravel(analytic)[indices], numeric, floor))
+        if best < tolerance:
+            break
+    return best
 
 
 def sample_indices(rng: np.random.Generator, size: int, count: int) -> np.ndarray:

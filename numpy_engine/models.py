@@ -180,14 +180,22 @@ class _Model:
 # ------------------------------------------------------------------ seq2seq model
 
 
-class Seq2SeqCache(NamedTuple):
+class EncoderCache(NamedTuple):
     src_embed: tuple
-    encoder: list
-    encoder_norm: tuple
+    blocks: list
+    norm: tuple
+
+
+class DecoderCache(NamedTuple):
     tgt_embed: tuple
-    decoder: list
-    decoder_norm: tuple
+    blocks: list
+    norm: tuple
     readout: tuple
+
+
+class Seq2SeqCache(NamedTuple):
+    encoder: EncoderCache
+    decoder: DecoderCache
     logits_shape: tuple
 
 
@@ -222,51 +230,48 @@ class Seq2SeqTransformer(_Model):
 
     def forward(self, source: np.ndarray, decoder_input: np.ndarray) -> tuple:
         """Logits (B, T, V) for source (B, S) and decoder_input (B, T), both int ids."""
-        cfg, p = self.config, self.params
-        source = checks.check_token_ids("source", source, cfg.vocab_size)
-        decoder_input = checks.check_token_ids("decoder_input", decoder_input, cfg.vocab_size)
-        checks.check_same_batch("source", source, "decoder_input", decoder_input)
-        self._check_source_not_all_padding(source)
-        src_visible = padding_visible(source, cfg.pad_id)  # (B, 1, 1, S)
-        tgt_visible = causal_visible(decoder_input.shape[1]) & padding_visible(
-            decoder_input, cfg.pad_id
-        )  # (B, 1, T, T)
+        memory, encoder = self.encode(source)
+        logits, decoder = self.decode(memory, source, decoder_input)
+        return logits, Seq2SeqCache(encoder, decoder, logits.shape)
 
+    def encode(self, source: np.ndarray) -> tuple:
+        """The memory (B, S, C) that every decoder block's cross-attention reads."""
+        cfg, p = self.config, self.params
+        source = self._check_source(source)
+        src_visible = padding_visible(source, cfg.pad_id)  # (B, 1, 1, S)
         x, src_embed = embedding_forward(source, p["embed.weight"], cfg.pad_id)  # (B, S, C)
         x, _ = sinusoidal_forward(x)
-        encoder = []
+        blocks = []
         for i in range(cfg.n_encoder_layers):
             block_p = sub(p, f"encoder.{i}.")
             x, block = self_attention_block_forward(
                 x, block_p, cfg.n_heads, src_visible, cfg.activation
             )
-            encoder.append(block)
-        memory, encoder_norm = layernorm_forward(
-            x, p["encoder_norm.weight"], p["encoder_norm.bias"]
-        )
+            blocks.append(block)
+        memory, norm = layernorm_forward(x, p["encoder_norm.weight"], p["encoder_norm.bias"])
+        return memory, EncoderCache(src_embed, blocks, norm)
 
+    def decode(self, memory: np.ndarray, source: np.ndarray, decoder_input: np.ndarray) -> tuple:
+        """Logits (B, T, V) for decoder_input (B, T); cross-attention skips PAD in source."""
+        cfg, p = self.config, self.params
+        decoder_input = checks.check_token_ids("decoder_input", decoder_input, cfg.vocab_size)
+        checks.check_same_batch("source", source, "decoder_input", decoder_input)
+        src_visible = padding_visible(np.asarray(source), cfg.pad_id)  # (B, 1, 1, S)
+        tgt_visible = causal_visible(decoder_input.shape[1]) & padding_visible(
+            decoder_input, cfg.pad_id
+        )  # (B, 1, T, T)
         y, tgt_embed = embedding_forward(decoder_input, p["embed.weight"], cfg.pad_id)  # (B, T, C)
         y, _ = sinusoidal_forward(y)
-        decoder = []
+        blocks = []
         for i in range(cfg.n_decoder_layers):
             block_p = sub(p, f"decoder.{i}.")
             y, block = decoder_block_forward(
                 y, memory, block_p, cfg.n_heads, tgt_visible, src_visible, cfg.activation
             )
-            decoder.append(block)
-        y, decoder_norm = layernorm_forward(y, p["decoder_norm.weight"], p["decoder_norm.bias"])
+            blocks.append(block)
+        y, norm = layernorm_forward(y, p["decoder_norm.weight"], p["decoder_norm.bias"])
         logits, readout = linear_forward(y, p["readout.weight"], p["readout.bias"])  # (B, T, V)
-        cache = Seq2SeqCache(
-            src_embed,
-            encoder,
-            encoder_norm,
-            tgt_embed,
-            decoder,
-            decoder_norm,
-            readout,
-            logits.shape,
-        )
-        return logits, cache
+        return logits, DecoderCache(tgt_embed, blocks, norm, readout)
 
     def backward(self, dlogits: np.ndarray, cache: Seq2SeqCache) -> dict[str, np.ndarray]:
         """Gradients of every parameter, keyed like self.params. See docs/gradients.md#models."""
@@ -274,26 +279,33 @@ class Seq2SeqTransformer(_Model):
             "dlogits", dlogits, cache.logits_shape, self.params["readout.weight"].dtype
         )
         grads: dict[str, np.ndarray] = {}
-        dy, grads["readout.weight"], grads["readout.bias"] = linear_backward(dlogits, cache.readout)
-        dy, grads["decoder_norm.weight"], grads["decoder_norm.bias"] = layernorm_backward(
-            dy, cache.decoder_norm
-        )
-        dmemory = 0.0
-        for i in reversed(range(len(cache.decoder))):
-            dy, dmemory_i, block_grads = decoder_block_backward(dy, cache.decoder[i])
-            dmemory = dmemory + dmemory_i  # memory fed every decoder block's cross-attention
-            grads.update(with_prefix(block_grads, f"decoder.{i}."))
-        dembed_tgt = embedding_backward(sinusoidal_backward(dy, None), cache.tgt_embed)
-
-        dx, grads["encoder_norm.weight"], grads["encoder_norm.bias"] = layernorm_backward(
-            dmemory, cache.encoder_norm
-        )
-        for i in reversed(range(len(cache.encoder))):
-            dx, block_grads = self_attention_block_backward(dx, cache.encoder[i])
-            grads.update(with_prefix(block_grads, f"encoder.{i}."))
-        dembed_src = embedding_backward(sinusoidal_backward(dx, None), cache.src_embed)
+        dmemory, dembed_tgt = self._decode_backward(dlogits, cache.decoder, grads)
+        dembed_src = self._encode_backward(dmemory, cache.encoder, grads)
         grads["embed.weight"] = dembed_src + dembed_tgt  # one table fed source and target
         return {key: grads[key] for key in self.params}
+
+    def _decode_backward(self, dlogits, cache: DecoderCache, grads: dict) -> tuple:
+        """Fills grads for the decoder's parameters; returns (dmemory, the target's dembed)."""
+        dy, grads["readout.weight"], grads["readout.bias"] = linear_backward(dlogits, cache.readout)
+        dy, grads["decoder_norm.weight"], grads["decoder_norm.bias"] = layernorm_backward(
+            dy, cache.norm
+        )
+        dmemory = 0.0
+        for i in reversed(range(len(cache.blocks))):
+            dy, dmemory_i, block_grads = decoder_block_backward(dy, cache.blocks[i])
+            dmemory = dmemory + dmemory_i  # memory fed every decoder block's cross-attention
+            grads.update(with_prefix(block_grads, f"decoder.{i}."))
+        return dmemory, embedding_backward(sinusoidal_backward(dy, None), cache.tgt_embed)
+
+    def _encode_backward(self, dmemory, cache: EncoderCache, grads: dict) -> np.ndarray:
+        """Fills grads for the encoder's parameters; returns the source's dembed."""
+        dx, grads["encoder_norm.weight"], grads["encoder_norm.bias"] = layernorm_backward(
+            dmemory, cache.norm
+        )
+        for i in reversed(range(len(cache.blocks))):
+            dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
+            grads.update(with_prefix(block_grads, f"encoder.{i}."))
+        return embedding_backward(sinusoidal_backward(dx, None), cache.src_embed)
 
     def loss_and_grads(
         self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray
@@ -312,7 +324,8 @@ class Seq2SeqTransformer(_Model):
         cfg = self.config
         return checks.check_targets("target", target, shape, cfg.vocab_size, cfg.pad_id)
 
-    def _check_source_not_all_padding(self, source: np.ndarray) -> None:
+    def _check_source(self, source: np.ndarray) -> np.ndarray:
+        source = checks.check_token_ids("source", source, self.config.vocab_size)
         all_padding = (source == self.config.pad_id).all(axis=1)
         if all_padding.any():
             b = int(np.argmax(all_padding))
@@ -320,6 +333,7 @@ class Seq2SeqTransformer(_Model):
                 f"source row {b} is all padding (id {self.config.pad_id}): "
                 "the encoder has no token to attend to"
             )
+        return source
 
 
 # ---------------------------------------------------------------------- MiniGPT

@@ -7,12 +7,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from numpy_engine.gradcheck import (
-    noise_floor,
-    numerical_gradient,
-    relative_error,
-    sample_indices,
-)
+from numpy_engine.gradcheck import gradient_error, sample_indices
 from torch_reference.compare import FLOAT32_FACTOR, compare, float32_checks, float64_ok
 
 FD_TOLERANCE = 1e-6  # float64 central differences; we see ~1e-8 and below
@@ -39,18 +34,18 @@ def assert_matches_finite_differences(
     out, cache = forward(inputs)
     dout = rng.standard_normal(np.shape(out))
     analytic = backward(dout, cache)
-    f_scale = float(np.sum(np.abs(out * dout)))  # rounding in the sum scales with its terms
+    f_terms = float(np.sum(np.abs(out * dout)))  # f is this sum; it rounds with its terms
     assert analytic.keys() == inputs.keys(), f"{name}: gradients for {sorted(analytic)}"
     for key, x in inputs.items():
         assert analytic[key].shape == x.shape, f"{name}: d{key} has shape {analytic[key].shape}"
         indices = sample_indices(rng, x.size, entries)
-        numeric = numerical_gradient(lambda: float(np.sum(forward(inputs)[0] * dout)), x, indices)
-        floor = noise_floor(f_scale, len(indices))
-        error = relative_error(analytic[key].reshape(-1)[indices], numeric, floor)
+        error = gradient_error(
+            lambda: float(np.sum(forward(inputs)[0] * dout)),
+            x, analytic[key], indices, FD_TOLERANCE, f_terms=f_terms,
+        )  # fmt: skip
         record(name, error)
         assert error < FD_TOLERANCE, (
-            f"{name}: d{key} differs from finite differences, relative error {error:.3e}\n"
-            f"analytic {analytic[key].reshape(-1)[indices]}\nnumeric  {numeric}"
+            f"{name}: d{key} differs from finite differences, relative error {error:.3e}"
         )
 
 

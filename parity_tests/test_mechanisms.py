@@ -116,8 +116,8 @@ def test_seq2seq_attention_weights_respect_every_mask(case):
     src_visible = A.padding_visible(case.source, 0)
     T = case.decoder_input.shape[1]
     tgt_visible = A.causal_visible(T) & A.padding_visible(case.decoder_input, 0)
-    attentions = [(block.attn.attention, src_visible) for block in cache.encoder]
-    for block in cache.decoder:
+    attentions = [(block.attn.attention, src_visible) for block in cache.encoder.blocks]
+    for block in cache.decoder.blocks:
         attentions += [(block.self_attn.attention, tgt_visible)]
         attentions += [(block.cross_attn.attention, src_visible)]
     for attention, visible in attentions:

@@ -1,0 +1,120 @@
+"""The data: copy / reverse sequence tasks and a character corpus.
+
+Copy task vocabulary: PAD=0, BOS=1, EOS=2, id 3 unused, symbols 4..11. Every
+sequence of 1 to 3 symbols (8 + 64 + 512 = 584) appears once; a seeded permutation
+splits them 80/20, disjoint. Shapes: source (N, 3), decoder_input and target (N, 4).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PAD, BOS, EOS = 0, 1, 2
+SYMBOLS = tuple(range(4, 12))
+COPY_VOCAB_SIZE = 12
+MAX_SEQUENCE_LENGTH = 3
+DEFAULT_TEXT = "to be or not to be that is the question " * 50
+
+
+@dataclass(frozen=True)
+class Split:
+    source: np.ndarray  # (N, 3) symbols then PAD
+    decoder_input: np.ndarray  # (N, 4) BOS + symbols, then PAD
+    target: np.ndarray  # (N, 4) output symbols + EOS, then PAD
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.source[rows], self.decoder_input[rows], self.target[rows]
+
+
+@dataclass(frozen=True)
+class SequenceTask:
+    name: str  # "copy" or "reverse"
+    train: Split
+    test: Split
+
+
+def _pad(rows: list[list[int]], width: int) -> np.ndarray:
+    return np.array([row + [PAD] * (width - len(row)) for row in rows], dtype=np.int64)
+
+
+def _split(sequences: list[tuple[int, ...]], reverse: bool) -> Split:
+    outputs = [seq[::-1] if reverse else seq for seq in sequences]
+    W = MAX_SEQUENCE_LENGTH
+    return Split(
+        source=_pad([list(seq) for seq in sequences], W),
+        decoder_input=_pad([[BOS, *out] for out in outputs], W + 1),
+        target=_pad([[*out, EOS] for out in outputs], W + 1),
+    )
+
+
+def sequence_task(name: str = "copy", seed: int = 7, train_fraction: float = 0.8) -> SequenceTask:
+    """Every sequence of 1..3 symbols, split by a permutation drawn from seed."""
+    if name not in ("copy", "reverse"):
+        raise ValueError(f"task must be 'copy' or 'reverse', got {name!r}")
+    sequences = [
+        s for n in range(1, MAX_SEQUENCE_LENGTH + 1) for s in itertools.product(SYMBOLS, repeat=n)
+    ]
+    order = np.random.default_rng(seed).permutation(len(sequences))
+    n_train = int(train_fraction * len(sequences))  # 467 of 584
+    pick = [sequences[i] for i in order]
+    reverse = name == "reverse"
+    return SequenceTask(name, _split(pick[:n_train], reverse), _split(pick[n_train:], reverse))
+
+
+# ------------------------------------------------------------------------ characters
+
+
+class CharCorpus:
+    """A text as ids over its sorted characters, cut into (input, next-character) windows."""
+
+    def __init__(self, text: str) -> None:
+        if len(text) < 2:
+            raise ValueError(f"text must have at least 2 characters, got {len(text)}")
+        self.chars = sorted(set(text))
+        self.index = {ch: i for i, ch in enumerate(self.chars)}
+        self.ids = self.encode(text)  # (len(text),)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> CharCorpus:
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise ValueError(f"text file {path}: cannot read it ({error.strerror})") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"text file {path}: not UTF-8 (byte {error.start})") from None
+        if not text:
+            raise ValueError(f"text file {path} is empty")
+        return cls(text)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> np.ndarray:
+        unknown = sorted(set(text) - set(self.index))
+        if unknown:
+            raise ValueError(f"text has characters outside the vocabulary: {unknown!r}")
+        return np.array([self.index[ch] for ch in text], dtype=np.int64)
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def batch(self, rng: np.random.Generator, batch_size: int, context: int) -> tuple:
+        """batch_size random windows: idx (B, T) and targets (B, T), targets = idx shifted by 1."""
+        if len(self.ids) < context + 1:
+            raise ValueError(f"the text has {len(self.ids)} characters; a context of {context} "
+                             f"needs at least {context + 1}")  # fmt: skip
+        starts = rng.integers(0, len(self.ids) - context, size=batch_size)  # (B,)
+        windows = starts[:, None] + np.arange(context + 1)  # (B, T + 1)
+        chunk = self.ids[windows]
+        return chunk[:, :-1], chunk[:, 1:]
