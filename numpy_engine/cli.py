@@ -1,10 +1,160 @@
-"""The `numpy-engine` command line (also `python -m numpy_engine`)."""
+"""The `numpy-engine` command line (also `python -m numpy_engine`).
+
+    numpy-engine train copy|reverse|char-lm [--steps --seed --lr --batch-size --out DIR ...]
+    numpy-engine generate --checkpoint DIR (--source 4 7 9 | --prompt "to ") [--temperature ...]
+    numpy-engine parity --model seq2seq|gpt [--dtype float32|float64] [--seed N]
+
+Progress goes to stderr, results (JSON, generated text) to stdout. A mistake in the
+input exits with status 2 and a one-line message.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+
+import numpy as np
+
+TASK_DEFAULTS = {  # the reference runs
+    "copy": {"steps": 800, "lr": 1e-3},
+    "reverse": {"steps": 1000, "lr": 1e-3},
+    "char-lm": {"steps": 300, "lr": 3e-3},
+}
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def add_train_command(commands) -> None:
+    train = commands.add_parser(
+        "train", help="train a model on a task and print a JSON result",
+        description="Train with hand-written gradients. Progress lines go to stderr; the final "
+        "JSON result (losses, exact match, examples) goes to stdout.",
+    )  # fmt: skip
+    train.add_argument("task", choices=list(TASK_DEFAULTS),
+                       help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
+                       "char-lm: MiniGPT on a character corpus")  # fmt: skip
+    train.add_argument(
+        "--steps",
+        type=positive_int,
+        help="optimizer steps (default: copy 800, reverse 1000, char-lm 300)",
+    )
+    train.add_argument(
+        "--seed",
+        type=int,
+        default=7,
+        help="seeds the data split, the initial weights and the batches (default: 7)",
+    )
+    train.add_argument(
+        "--lr",
+        type=positive_float,
+        help="learning rate (default: 1e-3 Adam for copy/reverse, 3e-3 AdamW for char-lm)",
+    )
+    train.add_argument("--batch-size", type=positive_int, default=32, help="default: 32")
+    train.add_argument(
+        "--clip",
+        type=positive_float,
+        default=1.0,
+        help="clip the global gradient norm to this (default: 1.0)",
+    )
+    train.add_argument(
+        "--eval-every",
+        type=positive_int,
+        default=100,
+        help="copy/reverse: evaluate on the held-out split every N steps (default: 100)",
+    )
+    train.add_argument(
+        "--context",
+        type=positive_int,
+        default=32,
+        help="char-lm: characters per training window (default: 32)",
+    )
+    train.add_argument(
+        "--text",
+        metavar="FILE",
+        help="char-lm: a UTF-8 text file to train on (default: a built-in line of Hamlet)",
+    )
+    train.add_argument(
+        "--out", metavar="DIR", help="keep result.json, history.json and checkpoint.npz in DIR"
+    )
+    train.add_argument("--quiet", action="store_true", help="no progress lines")
+    train.set_defaults(run=run_train)
+
+
+def add_generate_command(commands) -> None:
+    gen = commands.add_parser(
+        "generate", help="generate from a trained checkpoint",
+        description="Greedy decoding from a copy/reverse checkpoint (--source), or greedy / "
+        "sampled text from a char-lm checkpoint (--prompt).",
+    )  # fmt: skip
+    gen.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a checkpoint.npz, or the --out DIR of a training run",
+    )
+    what = gen.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--source",
+        type=int,
+        nargs="+",
+        metavar="ID",
+        help="copy/reverse: the source symbols, ids 4..11 (e.g. --source 4 7 9)",
+    )
+    what.add_argument("--prompt", help='char-lm: the text to continue (e.g. --prompt "to ")')
+    gen.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        help="tokens to generate (default: 4 for copy/reverse, EOS included; 80 for char-lm)",
+    )
+    gen.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="char-lm: 0 is greedy; above 0 samples from softmax(logits / T) (default: 0)",
+    )
+    gen.add_argument("--top-k", type=positive_int, help="char-lm: sample among the k likeliest")
+    gen.add_argument(
+        "--top-p",
+        type=positive_float,
+        help="char-lm: sample among the likeliest whose mass reaches p (0 < p <= 1)",
+    )
+    gen.add_argument("--seed", type=int, default=0, help="char-lm: the sampler's seed (default: 0)")
+    gen.set_defaults(run=run_generate)
+
+
+def add_parity_command(commands) -> None:
+    parity = commands.add_parser(
+        "parity", help="compare every gradient with the PyTorch reference on one padded batch",
+        description="Build the engine model and its PyTorch twin from one seed, run one padded "
+        "batch through both, and print each tensor's difference. Exits 1 if any row fails. "
+        "Needs the test extra (PyTorch).",
+    )  # fmt: skip
+    parity.add_argument("--model", choices=["seq2seq", "gpt"], default="seq2seq",
+                        help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT "
+                        "(default: seq2seq)")  # fmt: skip
+    parity.add_argument(
+        "--dtype",
+        choices=["float32", "float64"],
+        default="float64",
+        help="float64: agree within 1e-10 relative; float32: no worse than 4x "
+        "torch's own float32 error against a float64 run (default: float64)",
+    )
+    parity.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
+    parity.set_defaults(run=run_parity)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,47 +163,91 @@ def build_parser() -> argparse.ArgumentParser:
         description="A transformer in pure NumPy with hand-written backward passes.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    parity = commands.add_parser(
-        "parity",
-        help="compare every gradient with the PyTorch reference on one padded batch",
-        description="Build the engine model and its PyTorch twin from one seed, run one padded "
-        "batch through both, and print each tensor's difference. Exits 1 if any row fails. "
-        "Needs the test extra (PyTorch).",
-    )
-    parity.add_argument(
-        "--model", choices=["seq2seq", "gpt"], default="seq2seq",
-        help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT "
-        "(default: seq2seq)",
-    )  # fmt: skip
-    parity.add_argument(
-        "--dtype", choices=["float32", "float64"], default="float64",
-        help="float64: agree within 1e-10 relative; float32: no worse than 4x torch's own "
-        "float32 error against a float64 run (default: float64)",
-    )  # fmt: skip
-    parity.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
-    parity.set_defaults(run=run_parity)
+    add_train_command(commands)
+    add_generate_command(commands)
+    add_parity_command(commands)
     return parser
+
+
+# -------------------------------------------------------------------------- commands
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from numpy_engine import train
+    from numpy_engine.tasks import read_text
+
+    stream = None if args.quiet else sys.stderr
+    steps = args.steps or TASK_DEFAULTS[args.task]["steps"]
+    lr = args.lr or TASK_DEFAULTS[args.task]["lr"]
+    if args.task == "char-lm":
+        text = read_text(args.text) if args.text else None
+        cfg = train.CharTrainConfig(steps=steps, seed=args.seed, lr=lr, batch_size=args.batch_size,
+                                    context=args.context, clip=args.clip)  # fmt: skip
+        run = train.train_char_lm(cfg, text=text, progress_stream=stream)
+    else:
+        if args.text:
+            raise ValueError("--text is for char-lm only")
+        cfg = train.SequenceTrainConfig(task=args.task, steps=steps, seed=args.seed, lr=lr,
+                                        batch_size=args.batch_size, clip=args.clip,
+                                        eval_every=args.eval_every)  # fmt: skip
+        run = train.train_sequence_task(cfg, progress_stream=stream)
+    if args.out:
+        train.save_run(run, args.out)
+        run.result["out"] = str(args.out)
+    print(json.dumps(run.result, indent=2))
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from numpy_engine.checkpoint import load_checkpoint
+    from numpy_engine.generate import generate, greedy_decode
+    from numpy_engine.tasks import CharCorpus
+
+    checkpoint = load_checkpoint(args.checkpoint)
+    meta, model = checkpoint.meta, checkpoint.model
+    if meta.get("task") == "char-lm":
+        if args.prompt is None:
+            raise ValueError("this is a char-lm checkpoint: give --prompt, not --source")
+        corpus = CharCorpus(meta["vocabulary"])
+        ids = corpus.encode(args.prompt)
+        if len(ids) == 0:
+            raise ValueError("--prompt is empty")
+        out = generate(model, ids, args.max_new_tokens or 80, args.temperature,
+                       args.top_k, args.top_p, seed=args.seed)  # fmt: skip
+        print(corpus.decode(out[0]))
+        return 0
+    if args.source is None:
+        raise ValueError("this is a copy/reverse checkpoint: give --source, not --prompt")
+    vocab = model.config.vocab_size
+    if any(not 0 < i < vocab for i in args.source):
+        raise ValueError(f"--source ids must be in 1..{vocab - 1}, got {args.source}")
+    generated = greedy_decode(model, np.array([args.source]), args.max_new_tokens or 4)
+    print(" ".join(str(int(i)) for i in generated[0]))
+    return 0
 
 
 def run_parity(args: argparse.Namespace) -> int:
     try:
         from torch_reference.report import report
     except ImportError as error:
-        print(f"numpy-engine parity needs PyTorch ({error}); install the test extra: "
-              "pip install -e '.[test]'", file=sys.stderr)  # fmt: skip
-        return 2
+        raise ValueError(f"numpy-engine parity needs PyTorch ({error}); install the test "
+                         "extra: pip install -e '.[test]'") from None  # fmt: skip
     lines, ok = report(args.model, args.dtype, args.seed)
     print("\n".join(lines))
     return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         return args.run(args)
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except (ValueError, TypeError, OSError) as error:  # the user's input: a message, no traceback
+        print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

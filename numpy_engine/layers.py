@@ -154,7 +154,7 @@ _GELU_A = 0.044715
 
 def gelu_forward(x: np.ndarray) -> tuple:
     """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh"."""
-    t = np.tanh(_GELU_K * (x + _GELU_A * x**3))
+    t = np.tanh(_GELU_K * (x + _GELU_A * (x * x * x)))  # x * x * x: x**3 calls pow, ~100x slower
     out = 0.5 * x * (1.0 + t)
     cache = (x, t)
     return out, cache
@@ -163,7 +163,7 @@ def gelu_forward(x: np.ndarray) -> tuple:
 def gelu_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
     """See docs/gradients.md#gelu."""
     x, t = cache
-    dinner = _GELU_K * (1.0 + 3.0 * _GELU_A * x**2)  # d/dx of k (x + a x^3)
+    dinner = _GELU_K * (1.0 + 3.0 * _GELU_A * (x * x))  # d/dx of k (x + a x^3)
     dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner  # product rule, tanh' = 1 - t^2
     return dout * dgelu
 

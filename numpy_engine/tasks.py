@@ -71,6 +71,22 @@ def sequence_task(name: str = "copy", seed: int = 7, train_fraction: float = 0.8
 # ------------------------------------------------------------------------ characters
 
 
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file's contents; a clear ValueError if it is missing, not UTF-8, or empty."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"text file {path}: cannot read it ({error.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"text file {path}: not UTF-8 (byte {error.start})") from None
+    if not text:
+        raise ValueError(f"text file {path} is empty")
+    return text
+
+
 class CharCorpus:
     """A text as ids over its sorted characters, cut into (input, next-character) windows."""
 
@@ -80,21 +96,6 @@ class CharCorpus:
         self.chars = sorted(set(text))
         self.index = {ch: i for i, ch in enumerate(self.chars)}
         self.ids = self.encode(text)  # (len(text),)
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> CharCorpus:
-        path = Path(path)
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise ValueError(f"text file {path}: cannot read it ({error.strerror})") from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(f"text file {path}: not UTF-8 (byte {error.start})") from None
-        if not text:
-            raise ValueError(f"text file {path} is empty")
-        return cls(text)
 
     @property
     def vocab_size(self) -> int:

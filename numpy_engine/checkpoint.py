@@ -1,0 +1,116 @@
+"""Checkpoints: params, config, optimizer state and metadata in one .npz, never pickled.
+
+Layout of the archive (all plain arrays; strings are unicode arrays):
+  format_version   int, checked on load
+  kind             "seq2seq" or "gpt"
+  config           the model config as JSON
+  meta             anything JSON-able (task, vocabulary, step, ...) as JSON
+  param/<key>      each parameter, keyed like model.params
+  optim/<key>      the optimizer's state_dict(), if one was saved
+Writes go to a temporary file in the same directory, are flushed to disk, and then
+replace the old file in one step, so a crash leaves the old checkpoint or the new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
+
+FORMAT_VERSION = 1
+FILENAME = "checkpoint.npz"
+KINDS = {"seq2seq": (Seq2SeqConfig, Seq2SeqTransformer), "gpt": (GPTConfig, MiniGPT)}
+
+
+@dataclass
+class Checkpoint:
+    model: Seq2SeqTransformer | MiniGPT
+    optimizer_state: dict[str, np.ndarray]  # empty when none was saved
+    meta: dict
+
+
+def resolve(path: str | Path) -> Path:
+    """A directory means the checkpoint.npz inside it."""
+    path = Path(path)
+    return path / FILENAME if path.is_dir() else path
+
+
+def save_checkpoint(
+    path: str | Path, model, optimizer_state: dict | None = None, meta: dict | None = None
+) -> Path:
+    """Write atomically; returns the file written."""
+    path = resolve(path)
+    kind = "seq2seq" if isinstance(model, Seq2SeqTransformer) else "gpt"
+    arrays = {
+        "format_version": np.array(FORMAT_VERSION),
+        "kind": np.array(kind),
+        "config": np.array(json.dumps(dataclasses.asdict(model.config))),
+        "meta": np.array(json.dumps(meta or {})),
+    }
+    arrays.update({f"param/{key}": value for key, value in model.params.items()})
+    arrays.update({f"optim/{key}": value for key, value in (optimizer_state or {}).items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            np.savez(tmp, **arrays)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp_name, 0o644)  # mkstemp makes it private; a checkpoint is a shared artifact
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    path = resolve(path)
+    if not path.exists():
+        raise ValueError(f"checkpoint {path}: no such file")
+    try:
+        with open(path, "rb") as file, np.load(file, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}  # our own handle: closed on error
+    except ValueError as error:  # numpy refuses object arrays without allow_pickle
+        raise ValueError(
+            f"checkpoint {path}: refused, it holds pickled objects ({error})"
+        ) from None
+    except (OSError, zipfile.BadZipFile, EOFError) as error:
+        raise ValueError(f"checkpoint {path}: not a readable .npz file ({error})") from None
+    return _from_arrays(path, arrays)
+
+
+def _from_arrays(path: Path, arrays: dict) -> Checkpoint:
+    for required in ("format_version", "kind", "config", "meta"):
+        if required not in arrays:
+            raise ValueError(f"checkpoint {path}: missing {required!r}")
+    version = int(arrays["format_version"])
+    if version != FORMAT_VERSION:
+        raise ValueError(f"checkpoint {path}: format version {version}, expected {FORMAT_VERSION}")
+    kind = str(arrays["kind"])
+    if kind not in KINDS:
+        raise ValueError(f"checkpoint {path}: unknown model kind {kind!r}")
+    config_class, model_class = KINDS[kind]
+    try:
+        config = config_class(**json.loads(str(arrays["config"])))
+        meta = json.loads(str(arrays["meta"]))
+    except (TypeError, ValueError) as error:  # JSONDecodeError is a ValueError
+        raise ValueError(f"checkpoint {path}: unreadable config or meta ({error})") from None
+    model = model_class(config)
+    params = {k.removeprefix("param/"): v for k, v in arrays.items() if k.startswith("param/")}
+    try:
+        model.load_params(params)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"checkpoint {path}: does not match its config: {error}") from None
+    optimizer_state = {
+        k.removeprefix("optim/"): v for k, v in arrays.items() if k.startswith("optim/")
+    }
+    return Checkpoint(model, optimizer_state, meta)

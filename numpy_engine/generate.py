@@ -1,0 +1,109 @@
+"""Decoding: greedy for the encoder-decoder; greedy or sampled for MiniGPT.
+
+This is the simple path: every step recomputes the decoder over the whole prefix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from numpy_engine.models import MiniGPT, Seq2SeqTransformer
+from numpy_engine.tasks import BOS, EOS, PAD
+
+
+def greedy_decode(
+    model: Seq2SeqTransformer, source: np.ndarray, max_new_tokens: int = 4
+) -> np.ndarray:
+    """(B, max_new_tokens) ids: the argmax at each step, EOS included; after EOS, PAD.
+
+    The source is encoded once; the decoder reruns on the growing prefix [BOS, ...].
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    source = np.asarray(source)
+    memory, _ = model.encode(source)  # (B, S, C), computed once
+    B = source.shape[0]
+    decoder_input = np.full((B, 1), BOS)  # (B, 1)
+    generated = np.full((B, max_new_tokens), PAD)
+    finished = np.zeros(B, dtype=bool)
+    for t in range(max_new_tokens):
+        logits, _ = model.decode(memory, source, decoder_input)  # (B, t + 1, V)
+        next_ids = np.where(finished, PAD, logits[:, -1].argmax(axis=-1))  # finished rows: PAD
+        generated[:, t] = next_ids
+        finished |= next_ids == EOS
+        if finished.all():
+            break
+        decoder_input = np.concatenate([decoder_input, next_ids[:, None]], axis=1)
+    return generated
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def next_token_probabilities(
+    logits: np.ndarray, temperature: float, top_k: int | None = None, top_p: float | None = None
+) -> np.ndarray:
+    """(B, V) probabilities from last-position logits (B, V), after temperature, top-k, top-p."""
+    scaled = logits.astype(np.float64) / temperature
+    if top_k is not None and top_k < scaled.shape[-1]:
+        kth_largest = np.sort(scaled, axis=-1)[:, -top_k][:, None]
+        scaled = np.where(scaled >= kth_largest, scaled, -np.inf)
+    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1:
+        order = np.argsort(-probs, axis=-1)  # most likely first
+        sorted_probs = np.take_along_axis(probs, order, axis=-1)
+        before = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the more likely ones
+        keep_sorted = before < top_p  # the smallest set reaching top_p; the first always stays
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def sample_next(
+    logits: np.ndarray,
+    rng: np.random.Generator,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> np.ndarray:
+    """(B,) next ids: argmax when temperature is 0, else a draw from the filtered softmax."""
+    if temperature == 0:
+        return logits.argmax(axis=-1)
+    probs = next_token_probabilities(logits, temperature, top_k, top_p)  # (B, V)
+    cumulative = np.cumsum(probs, axis=-1)
+    draws = rng.random((probs.shape[0], 1)) * cumulative[:, -1:]
+    return (cumulative <= draws).sum(axis=-1)  # first index whose cumulative mass passes the draw
+
+
+def generate(
+    model: MiniGPT,
+    prompt: np.ndarray,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+) -> np.ndarray:
+    """prompt (B, T0) ids -> (B, T0 + max_new_tokens); the model sees the last max_len ids."""
+    check_sampling(temperature, top_k, top_p)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    ids = np.asarray(prompt)
+    if ids.ndim == 1:
+        ids = ids[None, :]
+    rng = np.random.default_rng(seed)
+    for _ in range(max_new_tokens):
+        window = ids[:, -model.config.max_len :]  # (B, <= max_len)
+        logits, _ = model.forward(window)
+        next_ids = sample_next(logits[:, -1], rng, temperature, top_k, top_p)  # (B,)
+        ids = np.concatenate([ids, next_ids[:, None]], axis=1)
+    return ids

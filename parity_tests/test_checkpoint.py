@@ -1,0 +1,92 @@
+"""Checkpoints: exact round trips, and clear refusals of anything else."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import numpy_engine as ne
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
+from numpy_engine.optim import AdamW
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = ne.MiniGPT(ne.GPTConfig(n_layers=2, max_len=16), seed=3)
+    optimizer = AdamW(model.params, lr=0.01)
+    idx = np.random.default_rng(0).integers(0, 13, (2, 16))
+    optimizer.step(model.params, model.loss_and_grads(idx, np.roll(idx, -1, 1))[1])
+    path = save_checkpoint(tmp_path, model, optimizer.state_dict(), {"task": "char-lm", "step": 1})
+    return path, model, optimizer
+
+
+def test_round_trip_is_exact(saved):
+    path, model, optimizer = saved
+    assert path.name == "checkpoint.npz"
+    loaded = load_checkpoint(path.parent)  # a directory means the checkpoint inside it
+    assert loaded.model.config == model.config and loaded.meta == {"task": "char-lm", "step": 1}
+    for key, value in model.params.items():
+        assert loaded.model.params[key].dtype == value.dtype
+        np.testing.assert_array_equal(loaded.model.params[key], value)
+    restored = AdamW(loaded.model.params, lr=0.01)
+    restored.load_state_dict(loaded.optimizer_state)
+    assert restored.step_count == 1
+    np.testing.assert_array_equal(restored.state["exp_avg"]["head.weight"],
+                                  optimizer.state["exp_avg"]["head.weight"])  # fmt: skip
+
+
+def test_seq2seq_round_trip(tmp_path):
+    model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(n_decoder_layers=2, dtype="float64"), seed=1)
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "a.npz", model))
+    assert isinstance(loaded.model, ne.Seq2SeqTransformer) and loaded.optimizer_state == {}
+    assert all(np.array_equal(loaded.model.params[k], v) for k, v in model.params.items())
+
+
+def rewrite(path, **changes):
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    arrays.update(changes)
+    arrays = {key: value for key, value in arrays.items() if value is not None}
+    np.savez(path, **arrays)
+
+
+def test_refuses_pickled_objects(saved):
+    path = saved[0]
+    rewrite(path, evil=np.array([{"run": "code"}], dtype=object))
+    with pytest.raises(ValueError, match="refused, it holds pickled objects"):
+        load_checkpoint(path)
+
+
+def test_refuses_a_truncated_file(saved):
+    path = saved[0]
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="checkpoint.npz: not a readable .npz file"):
+        load_checkpoint(path)
+
+
+def test_refuses_a_wrong_version_and_mismatched_params(saved):
+    path = saved[0]
+    rewrite(path, format_version=np.array(99))
+    with pytest.raises(ValueError, match="format version 99, expected 1"):
+        load_checkpoint(path)
+    rewrite(path, format_version=np.array(1), **{"param/head.bias": np.zeros(5, np.float32)})
+    with pytest.raises(ValueError, match=r"does not match its config: params\['head.bias'\]"):
+        load_checkpoint(path)
+    rewrite(path, **{"param/head.bias": None})
+    with pytest.raises(ValueError, match=r"missing keys \['head.bias'\]"):
+        load_checkpoint(path)
+    rewrite(path, config=np.array(json.dumps({"d_model": 30, "n_heads": 4})))
+    with pytest.raises(ValueError, match="unreadable config"):
+        load_checkpoint(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        load_checkpoint(tmp_path / "nope.npz")
+
+
+def test_saving_leaves_no_temporary_files(saved):
+    path = saved[0]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.npz"]

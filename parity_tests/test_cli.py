@@ -1,0 +1,111 @@
+"""The command line: help, a short training run with --out, generation, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from numpy_engine.cli import main
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "numpy_engine", *args], capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+HELP_WORDS = {
+    (): ["train", "generate", "parity"],
+    ("train",): ["--steps", "--seed", "--lr", "--batch-size", "--out", "--text", "default: 32"],
+    ("generate",): ["--checkpoint", "--source", "--prompt", "--temperature", "--top-k", "--top-p"],
+    ("parity",): ["--model", "--dtype", "--seed"],
+}
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["generate"], ["parity"]])
+def test_help_explains_every_command_and_flag(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    expected = HELP_WORDS[tuple(command)]
+    assert all(word in out for word in expected), out
+
+
+@pytest.fixture(scope="module")
+def copy_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("copy")
+    result = run_cli("train", "copy", "--steps", "60", "--eval-every", "30", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def test_train_prints_progress_and_a_json_result(copy_dir):
+    out, result = copy_dir
+    assert "step    60/60  loss" in result.stderr and "steps/s" in result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["steps"] == 60 and summary["out"] == str(out)
+    for key in ("seed", "train_size", "test_size", "initial_train_loss", "heldout_loss",
+                "exact_match", "seconds", "examples"):  # fmt: skip
+        assert key in summary
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint.npz",
+        "history.json",
+        "result.json",
+    ]
+    assert json.loads((out / "result.json").read_text())["steps"] == 60
+    assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 60
+
+
+def test_generate_from_a_copy_checkpoint(copy_dir):
+    result = run_cli("generate", "--checkpoint", str(copy_dir[0]), "--source", "4", "7", "9")
+    assert result.returncode == 0, result.stderr
+    tokens = [int(t) for t in result.stdout.split()]
+    assert len(tokens) == 4 and all(0 <= t < 12 for t in tokens)
+
+
+def test_char_lm_trains_on_a_text_file_and_generates(tmp_path):
+    text = tmp_path / "abc.txt"
+    text.write_text("abcabcabcabc " * 20)
+    out = tmp_path / "run"
+    result = run_cli("train", "char-lm", "--text", str(text), "--steps", "30", "--context", "8",
+                     "--out", str(out), "--quiet")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and json.loads(result.stdout)["vocab_size"] == 4
+    sample = run_cli(
+        "generate", "--checkpoint", str(out), "--prompt", "ab", "--max-new-tokens", "5"
+    )
+    assert sample.returncode == 0 and sample.stdout.startswith("ab") and len(sample.stdout) == 8
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "copy", "--steps", "0"], "must be a positive integer"),
+        (["train", "copy", "--bogus"], "unrecognized arguments: --bogus"),
+        (["train", "sort"], "invalid choice: 'sort'"),
+        (["generate", "--checkpoint", "missing-dir", "--source", "4"], "no such file"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_inputs_exit_2_without_traceback(tmp_path, copy_dir):
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00abc")
+    (tmp_path / "empty.txt").write_text("")
+    cases = [
+        (["train", "char-lm", "--text", str(tmp_path / "bad.txt")], "not UTF-8"),
+        (["train", "char-lm", "--text", str(tmp_path / "empty.txt")], "is empty"),
+        (["train", "char-lm", "--text", str(tmp_path / "none.txt")], "cannot read it"),
+        (["generate", "--checkpoint", str(copy_dir[0]), "--prompt", "to"], "give --source"),
+        (["generate", "--checkpoint", str(copy_dir[0]), "--source", "4", "12"], "must be in 1..11"),
+    ]
+    for args, message in cases:
+        result = run_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, args

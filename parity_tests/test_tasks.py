@@ -1,0 +1,76 @@
+"""The data: the copy/reverse split and the character corpus."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from numpy_engine.tasks import (
+    BOS,
+    DEFAULT_TEXT,
+    EOS,
+    PAD,
+    CharCorpus,
+    read_text,
+    sequence_task,  # fmt: skip
+)
+
+
+def rows(split) -> set[tuple[int, ...]]:
+    return {tuple(row) for row in split.source}
+
+
+def test_copy_split_sizes_are_disjoint_and_cover_every_sequence():
+    task = sequence_task("copy", seed=7)
+    assert (len(task.train), len(task.test)) == (467, 117)
+    assert rows(task.train).isdisjoint(rows(task.test))
+    lengths = (np.vstack([task.train.source, task.test.source]) != PAD).sum(axis=1)
+    assert np.bincount(lengths).tolist() == [0, 8, 64, 512]
+
+
+def test_copy_rows_are_bos_tokens_and_tokens_eos():
+    split = sequence_task("copy", seed=7).train
+    assert split.source.shape == (467, 3) and split.target.shape == (467, 4)
+    for source, decoder_input, target in zip(split.source[:50], split.decoder_input[:50],
+                                             split.target[:50], strict=True):  # fmt: skip
+        tokens = [int(t) for t in source if t != PAD]
+        n = len(tokens)
+        assert decoder_input.tolist() == [BOS, *tokens] + [PAD] * (3 - n)
+        assert target.tolist() == [*tokens, EOS] + [PAD] * (3 - n)
+
+
+def test_reverse_reverses_the_targets_on_the_same_split():
+    copy, reverse = sequence_task("copy", seed=3), sequence_task("reverse", seed=3)
+    np.testing.assert_array_equal(copy.test.source, reverse.test.source)
+    source, target = reverse.test.source[0], reverse.test.target[0]
+    tokens = [int(t) for t in source if t != PAD]
+    assert target.tolist()[: len(tokens) + 1] == [*tokens[::-1], EOS]
+
+
+def test_the_split_depends_on_the_seed():
+    assert rows(sequence_task(seed=1).test) != rows(sequence_task(seed=2).test)
+    with pytest.raises(ValueError, match="task must be 'copy' or 'reverse'"):
+        sequence_task("sort")
+
+
+def test_char_corpus_vocabulary_and_shifted_windows():
+    corpus = CharCorpus(DEFAULT_TEXT)
+    assert corpus.vocab_size == 13 and corpus.decode(corpus.encode("to be")) == "to be"
+    idx, targets = corpus.batch(np.random.default_rng(0), batch_size=5, context=8)
+    assert idx.shape == targets.shape == (5, 8)
+    np.testing.assert_array_equal(idx[:, 1:], targets[:, :-1])
+
+
+def test_char_corpus_errors(tmp_path):
+    with pytest.raises(ValueError, match="outside the vocabulary: \\['x'\\]"):
+        CharCorpus("to be").encode("box")
+    with pytest.raises(ValueError, match="a context of 8 needs at least 9"):
+        CharCorpus("abcd").batch(np.random.default_rng(0), 2, 8)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt: not UTF-8"):
+        read_text(tmp_path / "latin1.txt")
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="empty.txt is empty"):
+        read_text(tmp_path / "empty.txt")
+    with pytest.raises(ValueError, match="missing.txt: cannot read it"):
+        read_text(tmp_path / "missing.txt")

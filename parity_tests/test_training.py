@@ -1,0 +1,60 @@
+"""Learning: the defaults train both tasks to the numbers the issue asks for."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from numpy_engine.train import (
+    CharTrainConfig,
+    SequenceTrainConfig,
+    train_char_lm,
+    train_sequence_task,
+)
+
+
+@pytest.fixture(scope="module")
+def copy_run():
+    return train_sequence_task(SequenceTrainConfig(), progress_stream=None)
+
+
+@pytest.fixture(scope="module")
+def char_run():
+    return train_char_lm(CharTrainConfig(), progress_stream=None)
+
+
+def test_copy_task_at_defaults_reaches_097_exact_match(copy_run):
+    result = copy_run.result
+    assert (result["train_size"], result["test_size"], result["steps"]) == (467, 117, 800)
+    assert result["exact_match"] >= 0.97
+    assert result["heldout_loss"] < 0.1 < result["initial_train_loss"]
+    assert len(result["examples"]) == 3
+    for example in result["examples"]:
+        assert example["expected"] == [*example["source"], 2]  # the copy, then EOS
+
+
+def test_copy_history_has_every_step_and_evaluations(copy_run):
+    history = copy_run.history
+    assert history["step"] == list(range(1, 801)) and len(history["train_loss"]) == 800
+    assert [e["step"] for e in history["eval"]] == list(range(100, 801, 100))
+    assert history["eval"][-1]["exact_match"] == copy_run.result["exact_match"]
+
+
+def test_char_lm_learns_the_line(char_run):
+    result = char_run.result
+    assert abs(result["initial_train_loss"] - math.log(13)) < 0.15
+    assert result["final_train_loss"] < 0.6
+    assert "to be" in result["greedy_sample"]
+
+
+def test_reverse_task_learns(tmp_path):
+    run = train_sequence_task(SequenceTrainConfig(task="reverse", steps=1000), progress_stream=None)
+    assert run.result["exact_match"] >= 0.9
+
+
+def test_bad_training_settings():
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        train_sequence_task(SequenceTrainConfig(steps=0), progress_stream=None)
+    with pytest.raises(ValueError, match="lr and clip must be positive"):
+        train_char_lm(CharTrainConfig(lr=-1.0), progress_stream=None)
