@@ -38,9 +38,9 @@ class Checkpoint:
 
 
 def resolve(path: str | Path) -> Path:
-    """A directory means the checkpoint.npz inside it."""
+    """A path ending in .npz is the file itself; any other path is a directory holding it."""
     path = Path(path)
-    return path / FILENAME if path.is_dir() else path
+    return path if path.suffix == ".npz" else path / FILENAME
 
 
 def save_checkpoint(

@@ -17,9 +17,17 @@ def check_choice(name: str, value: object, choices: tuple) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
+def as_array(name: str, value: object) -> np.ndarray:
+    """np.asarray, with a message naming the argument when the value is not array-like."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as error:  # ragged nested lists, for one
+        raise TypeError(f"{name} must be an array, got {type(value).__name__} ({error})") from None
+
+
 def check_token_ids(name: str, ids: object, vocab_size: int) -> np.ndarray:
     """A non-empty (batch, time) integer array with every id in [0, vocab_size)."""
-    arr = np.asarray(ids)
+    arr = as_array(name, ids)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
     if arr.ndim != 2:
@@ -38,14 +46,14 @@ def check_token_ids(name: str, ids: object, vocab_size: int) -> np.ndarray:
 
 
 def check_targets(
-    name: str, targets: object, shape: tuple, vocab_size: int, ignore_index: int
+    name: str, targets: object, shape: tuple, vocab_size: int, ignore_index: int, like: str
 ) -> np.ndarray:
     """Class ids in [0, vocab_size) or ignore_index, shaped like the logits' leading axes."""
-    arr = np.asarray(targets)
+    arr = as_array(name, targets)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer class ids, got dtype {arr.dtype}")
     if arr.shape != shape:
-        raise ValueError(f"{name} must have shape {shape} (like the input ids), got {arr.shape}")
+        raise ValueError(f"{name} must have shape {shape} like {like}, got {arr.shape}")
     outside = ((arr < 0) | (arr >= vocab_size)) & (arr != ignore_index)
     if outside.any():
         b, t = np.argwhere(outside)[0]
@@ -74,4 +82,11 @@ def check_upstream_gradient(name: str, grad: object, shape: tuple, dtype: np.dty
         raise TypeError(f"{name} must be a float ndarray, got {type(grad).__name__}")
     if grad.shape != shape:
         raise ValueError(f"{name} must have shape {shape} (like the logits), got {grad.shape}")
+    check_finite(name, grad)
     return grad.astype(dtype, copy=False)
+
+
+def check_finite(name: str, array: np.ndarray) -> None:
+    if not np.isfinite(array).all():
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+        raise ValueError(f"{name} must be finite, but {name}{list(bad)} = {array[bad]}")

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -44,7 +45,7 @@ def add_train_command(commands) -> None:
         description="Train with hand-written gradients. Progress lines go to stderr; the final "
         "JSON result (losses, exact match, examples) goes to stdout.",
     )  # fmt: skip
-    train.add_argument("task", choices=list(TASK_DEFAULTS),
+    train.add_argument("task", nargs="?", choices=list(TASK_DEFAULTS),
                        help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
                        "char-lm: MiniGPT on a character corpus")  # fmt: skip
     train.add_argument(
@@ -90,6 +91,15 @@ def add_train_command(commands) -> None:
     train.add_argument(
         "--out", metavar="DIR", help="keep result.json, history.json and checkpoint.npz in DIR"
     )
+    train.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        metavar="N",
+        help="with --out: also save checkpoint.npz every N steps, for --resume",
+    )
+    train.add_argument("--resume", metavar="DIR",
+                       help="continue the run whose checkpoint is in DIR (no TASK); bit for bit "
+                       "as if it had not stopped")  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="no progress lines")
     train.set_defaults(run=run_train)
 
@@ -157,6 +167,36 @@ def add_parity_command(commands) -> None:
     parity.set_defaults(run=run_parity)
 
 
+def add_interchange_commands(commands) -> None:
+    export = commands.add_parser(
+        "export", help="write a checkpoint's weights as a PyTorch state_dict (.pt)",
+        description="Write model.pt, a state_dict that torch_reference loads with "
+        "torch.load(path, weights_only=True) and load_state_dict(strict=True), and model.pt.json "
+        "with the model's kind and config. Needs PyTorch (the test extra).",
+    )  # fmt: skip
+    export.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a checkpoint.npz, or the --out DIR of a training run",
+    )
+    export.add_argument("--to", required=True, metavar="FILE", help="the .pt file to write")
+    export.set_defaults(run=run_export)
+    imp = commands.add_parser(
+        "import", help="turn a PyTorch state_dict (.pt) into an engine checkpoint",
+        description="Load a state_dict with torch's weights-only loader (anything else is "
+        "refused) and write DIR/checkpoint.npz. Needs PyTorch (the test extra).",
+    )  # fmt: skip
+    imp.add_argument("state_dict", metavar="FILE", help="the .pt file")
+    imp.add_argument("--out", required=True, metavar="DIR", help="where checkpoint.npz goes")
+    imp.add_argument(
+        "--config",
+        metavar="JSON",
+        help="the model description (default: FILE.json, as export writes it)",
+    )
+    imp.set_defaults(run=run_import)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="numpy-engine",
@@ -166,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(commands)
     add_generate_command(commands)
     add_parity_command(commands)
+    add_interchange_commands(commands)
     return parser
 
 
@@ -174,28 +215,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     from numpy_engine import train
-    from numpy_engine.tasks import read_text
 
     stream = None if args.quiet else sys.stderr
+    if args.checkpoint_every and not (args.out or args.resume):
+        raise ValueError("--checkpoint-every needs --out DIR (where the checkpoints go)")
+    if args.resume:
+        if args.task:
+            raise ValueError("--resume continues a saved run: give no TASK with it")
+        run = train.resume(args.resume, stream, args.checkpoint_every)
+        out = args.resume
+    else:
+        if not args.task:
+            raise ValueError("give a TASK (copy, reverse or char-lm) or --resume DIR")
+        run, out = _train_new(args, stream), args.out
+    if out:
+        train.save_run(run, out)
+        run.result["out"] = str(out)
+    print(json.dumps(run.result, indent=2))
+    return 0
+
+
+def _train_new(args: argparse.Namespace, stream):
+    from numpy_engine import train
+    from numpy_engine.tasks import read_text
+
     steps = args.steps or TASK_DEFAULTS[args.task]["steps"]
     lr = args.lr or TASK_DEFAULTS[args.task]["lr"]
+    checkpointing = None
+    if args.checkpoint_every:
+        checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every)
     if args.task == "char-lm":
         text = read_text(args.text) if args.text else None
         cfg = train.CharTrainConfig(steps=steps, seed=args.seed, lr=lr, batch_size=args.batch_size,
                                     context=args.context, clip=args.clip)  # fmt: skip
-        run = train.train_char_lm(cfg, text=text, progress_stream=stream)
-    else:
-        if args.text:
-            raise ValueError("--text is for char-lm only")
-        cfg = train.SequenceTrainConfig(task=args.task, steps=steps, seed=args.seed, lr=lr,
-                                        batch_size=args.batch_size, clip=args.clip,
-                                        eval_every=args.eval_every)  # fmt: skip
-        run = train.train_sequence_task(cfg, progress_stream=stream)
-    if args.out:
-        train.save_run(run, args.out)
-        run.result["out"] = str(args.out)
-    print(json.dumps(run.result, indent=2))
-    return 0
+        return train.train_char_lm(cfg, text, stream, checkpointing)
+    if args.text:
+        raise ValueError("--text is for char-lm only")
+    cfg = train.SequenceTrainConfig(task=args.task, steps=steps, seed=args.seed, lr=lr,
+                                    batch_size=args.batch_size, clip=args.clip,
+                                    eval_every=args.eval_every)  # fmt: skip
+    return train.train_sequence_task(cfg, None, stream, checkpointing)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -226,12 +285,32 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_parity(args: argparse.Namespace) -> int:
+def needs_torch(command: str):
+    """Import what the torch-backed commands use, or explain which extra brings PyTorch."""
     try:
-        from torch_reference.report import report
+        import torch_reference.interchange
+        import torch_reference.report
     except ImportError as error:
-        raise ValueError(f"numpy-engine parity needs PyTorch ({error}); install the test "
+        raise ValueError(f"numpy-engine {command} needs PyTorch ({error}); install the test "
                          "extra: pip install -e '.[test]'") from None  # fmt: skip
+    return torch_reference
+
+
+def run_export(args: argparse.Namespace) -> int:
+    written = needs_torch("export").interchange.export_checkpoint(args.checkpoint, args.to)
+    print(f"wrote {written} and {written}.json")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    interchange = needs_torch("import").interchange
+    written = interchange.import_state_dict(args.state_dict, args.out, args.config)
+    print(f"wrote {written}")
+    return 0
+
+
+def run_parity(args: argparse.Namespace) -> int:
+    report = needs_torch("parity").report.report
     lines, ok = report(args.model, args.dtype, args.seed)
     print("\n".join(lines))
     return 0 if ok else 1
@@ -248,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as error:  # the user's input: a message, no traceback
         print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # training diverged: the last checkpoint is intact
+        print(f"numpy-engine {args.command}: stopped: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

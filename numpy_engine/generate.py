@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from numpy_engine import checks
 from numpy_engine.models import MiniGPT, Seq2SeqTransformer
 from numpy_engine.tasks import BOS, EOS, PAD
 
@@ -18,9 +19,8 @@ def greedy_decode(
 
     The source is encoded once; the decoder reruns on the growing prefix [BOS, ...].
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    source = np.asarray(source)
+    _check_count("max_new_tokens", max_new_tokens, minimum=1)
+    source = checks.check_token_ids("source", source, model.config.vocab_size)
     memory, _ = model.encode(source)  # (B, S, C), computed once
     B = source.shape[0]
     decoder_input = np.full((B, 1), BOS)  # (B, 1)
@@ -37,11 +37,22 @@ def greedy_decode(
     return generated
 
 
+def _check_count(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+
+
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float | np.floating):
+        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float)):
+        raise TypeError(f"top_p must be a number, got {type(top_p).__name__}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
@@ -95,11 +106,10 @@ def generate(
 ) -> np.ndarray:
     """prompt (B, T0) ids -> (B, T0 + max_new_tokens); the model sees the last max_len ids."""
     check_sampling(temperature, top_k, top_p)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    ids = np.asarray(prompt)
-    if ids.ndim == 1:
-        ids = ids[None, :]
+    _check_count("max_new_tokens", max_new_tokens, minimum=0)
+    ids = checks.as_array("prompt", prompt)
+    ids = checks.check_token_ids("prompt", ids[None, :] if ids.ndim == 1 else ids,
+                                 model.config.vocab_size)  # fmt: skip
     rng = np.random.default_rng(seed)
     for _ in range(max_new_tokens):
         window = ids[:, -model.config.max_len :]  # (B, <= max_len)

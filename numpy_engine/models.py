@@ -11,7 +11,6 @@ C = d_model, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -26,8 +25,8 @@ from numpy_engine.blocks import (
     sub,
     with_prefix,
 )
+from numpy_engine.configs import DTYPES, GPTConfig, Seq2SeqConfig
 from numpy_engine.layers import (
-    ACTIVATIONS,
     cross_entropy_backward,
     cross_entropy_forward,
     embedding_backward,
@@ -42,53 +41,7 @@ from numpy_engine.layers import (
     sinusoidal_forward,
 )
 
-DTYPES = ("float32", "float64")
 GPT_IGNORE_INDEX = -100  # PyTorch's default ignore_index
-
-# ------------------------------------------------------------------------- configs
-
-
-def _check_sizes(config: object, names: tuple[str, ...]) -> None:
-    for name in names:
-        checks.check_positive_int(name, getattr(config, name))
-    if config.d_model % config.n_heads != 0:
-        raise ValueError(f"d_model={config.d_model} must be divisible by n_heads={config.n_heads}")
-    checks.check_choice("activation", config.activation, tuple(ACTIVATIONS))
-    checks.check_choice("dtype", config.dtype, DTYPES)
-
-
-@dataclass(frozen=True)
-class Seq2SeqConfig:
-    vocab_size: int = 12
-    d_model: int = 32
-    n_heads: int = 4
-    d_ff: int = 64
-    n_encoder_layers: int = 1
-    n_decoder_layers: int = 1
-    activation: str = "relu"
-    pad_id: int = 0
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        sizes = ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers")
-        _check_sizes(self, sizes)
-        if not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"pad_id={self.pad_id} must be in [0, vocab_size={self.vocab_size})")
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int = 13
-    d_model: int = 64
-    n_heads: int = 4
-    d_ff: int = 256
-    n_layers: int = 3
-    max_len: int = 32
-    activation: str = "gelu"
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        _check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
 
 
 # -------------------------------------------------------------------- initialisation
@@ -148,6 +101,7 @@ def _check_params(params: dict, expected: dict) -> dict[str, np.ndarray]:
             raise ValueError(f"params[{key!r}] must have shape {ref.shape}, got {got}")
         if value.dtype != ref.dtype:
             raise TypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
+        checks.check_finite(f"params[{key!r}]", value)
     return {key: np.array(params[key]) for key in expected}
 
 
@@ -174,7 +128,7 @@ class _Model:
     def _loss_and_grads(self, logits, cache, targets, ignore_index) -> tuple:
         loss, ce_cache = cross_entropy_forward(logits, targets, ignore_index)
         dlogits = cross_entropy_backward(1.0, ce_cache)
-        return float(loss), self.backward(dlogits, cache)
+        return float(loss), self._backward(dlogits, cache)  # a NaN loss flows on, for the caller
 
 
 # ------------------------------------------------------------------ seq2seq model
@@ -278,6 +232,9 @@ class Seq2SeqTransformer(_Model):
         dlogits = checks.check_upstream_gradient(
             "dlogits", dlogits, cache.logits_shape, self.params["readout.weight"].dtype
         )
+        return self._backward(dlogits, cache)
+
+    def _backward(self, dlogits: np.ndarray, cache: Seq2SeqCache) -> dict[str, np.ndarray]:
         grads: dict[str, np.ndarray] = {}
         dmemory, dembed_tgt = self._decode_backward(dlogits, cache.decoder, grads)
         dembed_src = self._encode_backward(dmemory, cache.encoder, grads)
@@ -322,7 +279,9 @@ class Seq2SeqTransformer(_Model):
 
     def _check_target(self, target: np.ndarray, shape: tuple) -> np.ndarray:
         cfg = self.config
-        return checks.check_targets("target", target, shape, cfg.vocab_size, cfg.pad_id)
+        return checks.check_targets(
+            "target", target, shape, cfg.vocab_size, cfg.pad_id, like="decoder_input"
+        )
 
     def _check_source(self, source: np.ndarray) -> np.ndarray:
         source = checks.check_token_ids("source", source, self.config.vocab_size)
@@ -400,6 +359,9 @@ class MiniGPT(_Model):
         dlogits = checks.check_upstream_gradient(
             "dlogits", dlogits, cache.logits_shape, self.params["head.weight"].dtype
         )
+        return self._backward(dlogits, cache)
+
+    def _backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
         grads: dict[str, np.ndarray] = {}
         dx, grads["head.weight"], grads["head.bias"] = linear_backward(dlogits, cache.head)
         dx, grads["final_norm.weight"], grads["final_norm.bias"] = layernorm_backward(
@@ -427,4 +389,4 @@ class MiniGPT(_Model):
 
     def _check_targets(self, targets: np.ndarray, shape: tuple) -> np.ndarray:
         vocab = self.config.vocab_size
-        return checks.check_targets("targets", targets, shape, vocab, GPT_IGNORE_INDEX)
+        return checks.check_targets("targets", targets, shape, vocab, GPT_IGNORE_INDEX, like="idx")

@@ -1,21 +1,25 @@
-"""Training loops and evaluation for the copy/reverse tasks and the character model.
+"""Training loops, evaluation, checkpoints along the way, and exact resume.
 
 One seed drives a run: the data split and the model's initial weights come from it,
-and the batch sampler draws from its own stream, default_rng([seed, 1]).
+and the batch sampler draws from its own stream, default_rng([seed, 1]). A checkpoint
+holds everything the loop reads (weights, optimizer moments, the sampler's state, the
+step, the history), so a run resumed from step k continues bit for bit as if it had
+never stopped.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 import numpy as np
 
-from numpy_engine.checkpoint import save_checkpoint
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
 from numpy_engine.optim import Adam, AdamW, Optimizer, clip_grad_norm
@@ -47,6 +51,17 @@ class CharTrainConfig:
 
 
 @dataclass
+class TrainState:
+    """Everything the loop reads and writes; a checkpoint saves all of it."""
+
+    model: Seq2SeqTransformer | MiniGPT
+    optimizer: Optimizer
+    sampler: np.random.Generator
+    step: int = 0
+    history: dict = field(default_factory=dict)
+
+
+@dataclass
 class TrainRun:
     model: Seq2SeqTransformer | MiniGPT
     optimizer: Optimizer
@@ -55,20 +70,30 @@ class TrainRun:
     meta: dict = field(default_factory=dict)  # what a checkpoint needs to be used again
 
 
+@dataclass(frozen=True)
+class Checkpointing:
+    out: Path
+    every: int  # steps between checkpoints
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss or gradient: training stops before the update that would spread it."""
+
+
 class Progress:
     """One line every tenth of the run and at each evaluation: step, loss, speed, time left."""
 
-    def __init__(self, total_steps: int, stream: TextIO | None = sys.stderr) -> None:
-        self.total, self.stream = total_steps, stream
+    def __init__(self, total_steps: int, stream: TextIO | None, first_step: int = 0) -> None:
+        self.total, self.stream, self.first = total_steps, stream, first_step
         self.every = max(total_steps // 10, 1)
         self.start = time.perf_counter()
 
     def update(self, step: int, loss: float, extra: str = "") -> None:
-        due = step % self.every == 0 or step in (1, self.total) or extra
+        due = step % self.every == 0 or step in (self.first + 1, self.total) or extra
         if self.stream is None or not due:
             return
         elapsed = time.perf_counter() - self.start
-        rate = step / elapsed if elapsed > 0 else float("inf")
+        rate = (step - self.first) / elapsed if elapsed > 0 else float("inf")
         left = (self.total - step) / rate
         line = (
             f"step {step:>5}/{self.total}  loss {loss:.4f}  {rate:6.1f} steps/s  {left:5.1f} s left"
@@ -85,12 +110,59 @@ def _check_run_config(cfg) -> None:
         raise ValueError(f"lr and clip must be positive, got lr={cfg.lr}, clip={cfg.clip}")
 
 
-def _step(model, optimizer, batch: tuple, clip: float) -> tuple[float, float]:
-    """One training step: loss and gradients, global-norm clipping, the optimizer's update."""
-    loss, grads = model.loss_and_grads(*batch)
-    grads, grad_norm = clip_grad_norm(grads, clip)
-    optimizer.step(model.params, grads)
-    return loss, grad_norm
+def check_finite(step: int, loss: float, grads: dict[str, np.ndarray]) -> None:
+    """Stop on the first non-finite value, naming the step and the parameter."""
+    if not math.isfinite(loss):
+        raise TrainingDiverged(f"step {step}: the loss is {loss}; stopped before updating")
+    for key, grad in grads.items():
+        if not np.isfinite(grad).all():
+            n_nan, n_inf = int(np.isnan(grad).sum()), int(np.isinf(grad).sum())
+            raise TrainingDiverged(
+                f"step {step}: the gradient of {key!r} is not finite "
+                f"({n_nan} NaN, {n_inf} inf); stopped before updating"
+            )
+
+
+def _loop(
+    state: TrainState,
+    cfg,
+    next_batch: Callable[[np.random.Generator], tuple],
+    evaluate: Callable[[TrainState], str] | None,
+    progress: Progress,
+    save: Callable[[TrainState], None] | None,
+    checkpoint_every: int | None,
+) -> None:
+    """Steps state.step + 1 .. cfg.steps: batch, gradients, guard, clip, update, record."""
+    history, last_saved = state.history, None
+    while state.step < cfg.steps:
+        step = state.step + 1
+        with np.errstate(over="ignore", invalid="ignore"):  # check_finite reports it instead
+            loss, grads = state.model.loss_and_grads(*next_batch(state.sampler))
+        try:
+            check_finite(step, loss, grads)
+        except TrainingDiverged as error:
+            if last_saved is None:
+                raise
+            raise TrainingDiverged(
+                f"{error}; the checkpoint of step {last_saved} is intact"
+            ) from None
+        grads, grad_norm = clip_grad_norm(grads, cfg.clip)
+        state.optimizer.step(state.model.params, grads)
+        state.step = step
+        history["step"].append(step)
+        history["train_loss"].append(loss)
+        history["grad_norm"].append(grad_norm)
+        due = step % cfg.eval_every == 0 or step == cfg.steps
+        progress.update(step, loss, evaluate(state) if evaluate and due else "")
+        if save and checkpoint_every and step % checkpoint_every == 0:
+            save(state)
+            last_saved = step
+
+
+def _meta(task: str, cfg, state: TrainState, **extra) -> dict:
+    return {"task": task, "train_config": asdict(cfg), "step": state.step,
+            "sampler_state": state.sampler.bit_generator.state, "history": state.history,
+            **extra}  # fmt: skip
 
 
 # --------------------------------------------------------------- copy / reverse
@@ -114,46 +186,56 @@ def train_sequence_task(
     cfg: SequenceTrainConfig = SequenceTrainConfig(),
     model_config: Seq2SeqConfig | None = None,
     progress_stream: TextIO | None = sys.stderr,
+    checkpointing: Checkpointing | None = None,
+    state: TrainState | None = None,
 ) -> TrainRun:
+    """Train (or, given a state from a checkpoint, continue training) the copy/reverse model."""
     _check_run_config(cfg)
     task = sequence_task(cfg.task, seed=cfg.seed)
-    model = Seq2SeqTransformer(model_config or Seq2SeqConfig(), seed=cfg.seed)
-    optimizer = Adam(model.params, lr=cfg.lr)
-    sampler = np.random.default_rng([cfg.seed, 1])
-    history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
-    progress, start = Progress(cfg.steps, progress_stream), time.perf_counter()
-    for step in range(1, cfg.steps + 1):
-        rows = sampler.integers(0, len(task.train), size=cfg.batch_size)  # with replacement
-        loss, grad_norm = _step(model, optimizer, task.train.take(rows), cfg.clip)
-        history["step"].append(step)
-        history["train_loss"].append(loss)
-        history["grad_norm"].append(grad_norm)
-        extra = ""
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            evaluation = evaluate_sequence_task(model, task.test)
-            history["eval"].append({"step": step, **evaluation})
-            extra = (f"  held-out loss {evaluation['heldout_loss']:.4f}"
-                     f"  exact match {evaluation['exact_match']:.3f}")  # fmt: skip
-        progress.update(step, loss, extra)
+    if state is None:
+        model = Seq2SeqTransformer(model_config or Seq2SeqConfig(), seed=cfg.seed)
+        history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+        sampler = np.random.default_rng([cfg.seed, 1])
+        state = TrainState(model, Adam(model.params, lr=cfg.lr), sampler, 0, history)
+
+    def next_batch(sampler):
+        return task.train.take(sampler.integers(0, len(task.train), size=cfg.batch_size))
+
+    def evaluate(state):
+        evaluation = evaluate_sequence_task(state.model, task.test)
+        state.history["eval"].append({"step": state.step, **evaluation})
+        loss, exact = evaluation["heldout_loss"], evaluation["exact_match"]
+        return f"  held-out loss {loss:.4f}  exact match {exact:.3f}"
+
+    def save(state):
+        save_checkpoint(checkpointing.out, state.model, state.optimizer.state_dict(),
+                        _meta(cfg.task, cfg, state))  # fmt: skip
+
+    start, first_step = time.perf_counter(), state.step
+    progress = Progress(cfg.steps, progress_stream, first_step)
+    every = checkpointing.every if checkpointing else None
+    _loop(state, cfg, next_batch, evaluate, progress, save if checkpointing else None, every)
     seconds = time.perf_counter() - start
-    final = history["eval"][-1]
-    generated = greedy_decode(model, task.test.source[:3], max_new_tokens=task.test.target.shape[1])
+    final = state.history["eval"][-1]
+    generated = greedy_decode(state.model, task.test.source[:3], task.test.target.shape[1])
     examples = [
         {"source": _strip(task.test.source[i]), "expected": _strip(task.test.target[i]),
          "generated": _strip(generated[i])}
         for i in range(3)
     ]  # fmt: skip
     result = {
-        "task": cfg.task, "seed": cfg.seed, "steps": cfg.steps,
+        "task": cfg.task, "seed": cfg.seed, "steps": cfg.steps, "resumed_from_step": first_step,
         "train_size": len(task.train), "test_size": len(task.test),
-        "initial_train_loss": history["train_loss"][0],
-        "final_train_loss": history["train_loss"][-1],
+        "initial_train_loss": state.history["train_loss"][0],
+        "final_train_loss": state.history["train_loss"][-1],
         "heldout_loss": final["heldout_loss"], "exact_match": final["exact_match"],
-        "seconds": round(seconds, 3), "steps_per_second": round(cfg.steps / seconds, 1),
+        "seconds": round(seconds, 3),
+        "steps_per_second": round((cfg.steps - first_step) / max(seconds, 1e-9), 1),
         "examples": examples,
     }  # fmt: skip
-    meta = {"task": cfg.task, "train_config": asdict(cfg), "step": cfg.steps}
-    return TrainRun(model, optimizer, result, history, meta)
+    return TrainRun(
+        state.model, state.optimizer, result, state.history, _meta(cfg.task, cfg, state)
+    )
 
 
 # ------------------------------------------------------------------- char LM
@@ -163,44 +245,84 @@ def train_char_lm(
     cfg: CharTrainConfig = CharTrainConfig(),
     text: str | None = None,
     progress_stream: TextIO | None = sys.stderr,
+    checkpointing: Checkpointing | None = None,
+    state: TrainState | None = None,
 ) -> TrainRun:
+    """Train (or continue training) MiniGPT on a character corpus."""
     _check_run_config(cfg)
     text = DEFAULT_TEXT if text is None else text
     corpus = CharCorpus(text)
-    model = MiniGPT(GPTConfig(vocab_size=corpus.vocab_size, max_len=cfg.context), seed=cfg.seed)
-    optimizer = AdamW(model.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sampler = np.random.default_rng([cfg.seed, 1])
-    history = {"step": [], "train_loss": [], "grad_norm": []}
-    progress, start = Progress(cfg.steps, progress_stream), time.perf_counter()
-    for step in range(1, cfg.steps + 1):
-        batch = corpus.batch(sampler, cfg.batch_size, cfg.context)
-        loss, grad_norm = _step(model, optimizer, batch, cfg.clip)
-        history["step"].append(step)
-        history["train_loss"].append(loss)
-        history["grad_norm"].append(grad_norm)
-        progress.update(step, loss)
+    if state is None:
+        config = GPTConfig(vocab_size=corpus.vocab_size, max_len=cfg.context)
+        model = MiniGPT(config, seed=cfg.seed)
+        optimizer = AdamW(model.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        history = {"step": [], "train_loss": [], "grad_norm": []}
+        state = TrainState(model, optimizer, np.random.default_rng([cfg.seed, 1]), 0, history)
+
+    def next_batch(sampler):
+        return corpus.batch(sampler, cfg.batch_size, cfg.context)
+
+    def meta(state):
+        return _meta("char-lm", cfg, state, vocabulary="".join(corpus.chars), text=text)
+
+    def save(state):
+        save_checkpoint(checkpointing.out, state.model, state.optimizer.state_dict(), meta(state))
+
+    start, first_step = time.perf_counter(), state.step
+    progress = Progress(cfg.steps, progress_stream, first_step)
+    every = checkpointing.every if checkpointing else None
+    _loop(state, cfg, next_batch, None, progress, save if checkpointing else None, every)
     seconds = time.perf_counter() - start
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
-    prompt_ids = corpus.encode(prompt)
-    sample = corpus.decode(generate(model, prompt_ids, max_new_tokens=60)[0])
+    sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
+    losses = state.history["train_loss"]
     result = {
-        "task": "char-lm", "seed": cfg.seed, "steps": cfg.steps,
+        "task": "char-lm", "seed": cfg.seed, "steps": cfg.steps, "resumed_from_step": first_step,
         "corpus_characters": len(corpus.ids), "vocab_size": corpus.vocab_size,
-        "initial_train_loss": history["train_loss"][0],
-        "final_train_loss": float(np.mean(history["train_loss"][-10:])),  # mean of the last 10
-        "seconds": round(seconds, 3), "steps_per_second": round(cfg.steps / seconds, 1),
+        "initial_train_loss": losses[0],
+        "final_train_loss": float(np.mean(losses[-10:])),  # mean of the last 10
+        "seconds": round(seconds, 3),
+        "steps_per_second": round((cfg.steps - first_step) / max(seconds, 1e-9), 1),
         "prompt": prompt, "greedy_sample": sample,
     }  # fmt: skip
-    meta = {"task": "char-lm", "train_config": asdict(cfg), "step": cfg.steps,
-            "vocabulary": "".join(corpus.chars)}  # fmt: skip
-    return TrainRun(model, optimizer, result, history, meta)
+    return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
+
+
+# ------------------------------------------------------------------- files, resume
 
 
 def save_run(run: TrainRun, out_dir: str | Path) -> Path:
     """result.json, history.json and checkpoint.npz (weights, optimizer state, meta) in out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(run.result, indent=2) + "\n")
-    (out / "history.json").write_text(json.dumps(run.history) + "\n")
     save_checkpoint(out, run.model, run.optimizer.state_dict(), run.meta)
+    (out / "history.json").write_text(json.dumps(run.history) + "\n")
+    (out / "result.json").write_text(json.dumps(run.result, indent=2) + "\n")
     return out
+
+
+def resume(out_dir: str | Path, progress_stream: TextIO | None = sys.stderr,
+           checkpoint_every: int | None = None) -> TrainRun:  # fmt: skip
+    """Continue the run whose checkpoint is in out_dir, to its configured number of steps."""
+    checkpoint = load_checkpoint(out_dir)
+    meta = checkpoint.meta
+    missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
+    if missing:
+        raise ValueError(
+            f"checkpoint in {out_dir} cannot be resumed: its meta lacks {sorted(missing)}"
+        )
+    sampler = np.random.default_rng()
+    sampler.bit_generator.state = meta["sampler_state"]
+    model = checkpoint.model
+    checkpointing = Checkpointing(Path(out_dir), checkpoint_every) if checkpoint_every else None
+    if meta["task"] == "char-lm":
+        cfg = CharTrainConfig(**meta["train_config"])
+        optimizer = AdamW(model.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer.load_state_dict(checkpoint.optimizer_state)
+        state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
+        return train_char_lm(cfg, meta["text"], progress_stream, checkpointing, state)
+    cfg = SequenceTrainConfig(**meta["train_config"])
+    optimizer = Adam(model.params, lr=cfg.lr)
+    optimizer.load_state_dict(checkpoint.optimizer_state)
+    state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
+    return train_sequence_task(cfg, None, progress_stream, checkpointing, state)

@@ -10,7 +10,7 @@ import os
 
 from hypothesis import settings
 
-from parity_tests.helpers import WORST_ERRORS
+from parity_tests.helpers import COUNTS, WORST_ERRORS
 
 settings.register_profile(
     "ci", parent=settings.get_profile("ci"), max_examples=60, deadline=None, print_blob=True
@@ -21,8 +21,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not WORST_ERRORS:
-        return
-    terminalreporter.section("worst relative error seen per check")
-    for name, error in sorted(WORST_ERRORS.items()):
-        terminalreporter.write_line(f"{name:<40} {error:.2e}")
+    if WORST_ERRORS:
+        terminalreporter.section("worst relative error seen per check")
+        for name, error in sorted(WORST_ERRORS.items()):
+            terminalreporter.write_line(f"{name:<40} {error:.2e}")
+    for event, count in sorted(COUNTS.items()):
+        terminalreporter.write_line(f"{event}: {count}")

@@ -14,6 +14,13 @@ FD_TOLERANCE = 1e-6  # float64 central differences; we see ~1e-8 and below
 WORST_ERRORS: dict[str, float] = {}  # check name -> worst error, printed after the run
 
 
+COUNTS: dict[str, int] = {}  # event -> how often, printed after the run
+
+
+def record_count(event: str) -> None:
+    COUNTS[event] = COUNTS.get(event, 0) + 1
+
+
 def record(name: str, error: float) -> None:
     WORST_ERRORS[name] = max(error, WORST_ERRORS.get(name, 0.0))
 

@@ -1,0 +1,167 @@
+"""Nothing lost: a run killed with SIGKILL resumes bit for bit; divergence stops cleanly;
+damaged files are refused; weights move to PyTorch and back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import numpy_engine as ne
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.optim import Adam
+from numpy_engine.train import (
+    Checkpointing,
+    SequenceTrainConfig,
+    TrainingDiverged,
+    TrainState,
+    save_run,
+    train_sequence_task,
+)
+from torch_reference.convert import tensor
+from torch_reference.models import Seq2SeqTransformer as TorchSeq2Seq
+
+SINGLE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+TRAIN = ["train", "copy", "--steps", "600", "--eval-every", "200", "--quiet"]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "numpy_engine", *args]
+
+
+def saved_step(out) -> int:
+    try:
+        return load_checkpoint(out).meta["step"]
+    except ValueError:  # not written yet
+        return 0
+
+
+def test_a_killed_run_resumes_bit_for_bit(tmp_path):
+    env = os.environ | SINGLE_THREAD
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    subprocess.run(cli(*TRAIN, "--out", str(whole)), env=env, check=True, capture_output=True)
+    run = subprocess.Popen(cli(*TRAIN, "--out", str(broken), "--checkpoint-every", "40"), env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while saved_step(broken) < 120 and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.01)
+    run.send_signal(signal.SIGKILL)
+    assert run.wait() == -signal.SIGKILL  # killed, not finished
+    killed_at = saved_step(broken)
+    assert 120 <= killed_at < 600
+    resumed = subprocess.run(cli("train", "--resume", str(broken), "--quiet"), env=env,
+                             capture_output=True, text=True)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load_checkpoint(whole), load_checkpoint(broken)
+    assert b.meta["step"] == a.meta["step"] == 600
+    for key, value in a.model.params.items():
+        assert np.array_equal(value, b.model.params[key]), key  # bit for bit
+    for key, value in a.optimizer_state.items():
+        assert np.array_equal(value, b.optimizer_state[key]), key
+    assert a.meta["history"] == b.meta["history"]
+
+
+class ExplodingSeq2Seq(ne.Seq2SeqTransformer):
+    """Returns a NaN gradient for embed.weight on the 7th call."""
+
+    calls = 0
+
+    def loss_and_grads(self, *batch):
+        loss, grads = super().loss_and_grads(*batch)
+        type(self).calls += 1
+        if type(self).calls == 7:
+            grads["embed.weight"][3, 1] = np.nan
+        return loss, grads
+
+
+def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_path):
+    model = ExplodingSeq2Seq(ne.Seq2SeqConfig(), seed=7)
+    history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+    state = TrainState(model, Adam(model.params), np.random.default_rng(1), 0, history)
+    cfg = SequenceTrainConfig(steps=20, eval_every=5)
+    with pytest.raises(TrainingDiverged, match="step 7: the gradient of 'embed.weight' is not "
+                       "finite \\(1 NaN, 0 inf\\).*checkpoint of step 5 is intact"):  # fmt: skip
+        train_sequence_task(cfg, None, None, Checkpointing(tmp_path, 5), state)
+    kept = load_checkpoint(tmp_path)
+    assert kept.meta["step"] == 5
+    assert all(np.isfinite(value).all() for value in kept.model.params.values())
+
+
+def test_divergence_on_the_command_line_exits_1_with_one_line(tmp_path):
+    result = subprocess.run(cli("train", "copy", "--steps", "20", "--lr", "1e30", "--quiet",
+                                "--out", str(tmp_path), "--checkpoint-every", "1"),
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith("numpy-engine train: stopped: step ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert load_checkpoint(tmp_path).meta["step"] >= 1
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained")
+    cfg = SequenceTrainConfig(steps=30, eval_every=30)
+    save_run(train_sequence_task(cfg, progress_stream=None), out)
+    return out
+
+
+def test_a_damaged_checkpoint_is_refused_by_name(trained, tmp_path):
+    data = (trained / "checkpoint.npz").read_bytes()
+    rng = np.random.default_rng(0)
+    damaged = bytearray(data)
+    for position in rng.integers(100, len(data) - 100, size=20):
+        damaged[position] ^= 0xFF
+    (tmp_path / "damaged.npz").write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match="damaged.npz: (corrupted|not a readable|does not match)"):
+        load_checkpoint(tmp_path / "damaged.npz")
+    (tmp_path / "short.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="short.npz: not a readable .npz file"):
+        load_checkpoint(tmp_path / "short.npz")
+
+
+def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_path):
+    pt = tmp_path / "model.pt"
+    result = subprocess.run(cli("export", "--checkpoint", str(trained), "--to", str(pt)),
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    state_dict = torch.load(pt, weights_only=True)
+    module = TorchSeq2Seq()
+    module.load_state_dict(state_dict, strict=True)
+    engine = load_checkpoint(trained).model
+    source, decoder_input = np.array([[4, 5, 6]]), np.array([[1, 4, 5, 6]])
+    ours, _ = engine.forward(source, decoder_input)
+    theirs = module(tensor(source), tensor(decoder_input)).detach().numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)  # float32, two engines
+
+    back = tmp_path / "back"
+    result = subprocess.run(
+        cli("import", str(pt), "--out", str(back)), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    reloaded = load_checkpoint(back).model
+    assert all(np.array_equal(reloaded.params[k], v) for k, v in engine.params.items())
+
+
+def test_import_refuses_anything_but_weights(trained, tmp_path):
+    pt = tmp_path / "model.pt"
+    subprocess.run(cli("export", "--checkpoint", str(trained), "--to", str(pt)), check=True,
+                   capture_output=True)  # fmt: skip
+    evil = tmp_path / "evil.pt"
+    torch.save({"weights": torch.zeros(1), "payload": ExplodingSeq2Seq}, evil)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a torch file")
+    for path in (evil, junk):
+        result = subprocess.run(
+            cli("import", str(path), "--out", str(tmp_path / "x"), "--config", str(pt) + ".json"),
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 2 and "refused" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "x").exists()

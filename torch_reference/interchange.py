@@ -1,0 +1,64 @@
+"""`numpy-engine export` / `import`: engine checkpoints to and from PyTorch state_dicts.
+
+export writes model.pt, a plain state_dict that torch_reference loads with
+torch.load(..., weights_only=True) and load_state_dict(strict=True), and beside it
+model.pt.json with the model kind, config and what generation needs (task, vocabulary).
+import reads both back, with torch's weights-only unpickler: anything that is not
+tensors in a dict is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from numpy_engine.checkpoint import KINDS, load_checkpoint, save_checkpoint
+
+KEPT_META = ("task", "vocabulary")
+
+
+def sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def export_checkpoint(checkpoint_path: str | Path, to: str | Path) -> Path:
+    checkpoint = load_checkpoint(checkpoint_path)
+    model, to = checkpoint.model, Path(to)
+    kind = next(name for name, (_, cls) in KINDS.items() if isinstance(model, cls))
+    state_dict = {key: torch.tensor(value) for key, value in model.params.items()}
+    torch.save(state_dict, to)
+    meta = {key: value for key, value in checkpoint.meta.items() if key in KEPT_META}
+    description = {"kind": kind, "config": dataclasses.asdict(model.config), "meta": meta}
+    sidecar(to).write_text(json.dumps(description, indent=2) + "\n")
+    return to
+
+
+def import_state_dict(path: str | Path, out: str | Path, config_path: str | Path | None = None):
+    path = Path(path)
+    config_path = Path(config_path) if config_path else sidecar(path)
+    try:
+        state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError):
+        raise ValueError(
+            f"{path}: refused: it is not a weights-only file (it holds objects that loading "
+            "would have to construct, or it is not a torch file at all)"
+        ) from None
+    if not isinstance(state_dict, dict) or not all(
+        isinstance(v, torch.Tensor) for v in state_dict.values()
+    ):
+        raise ValueError(f"{path}: refused, expected a dict of tensors (a state_dict)")
+    try:
+        description = json.loads(config_path.read_text())
+        config_class, model_class = KINDS[description["kind"]]
+        model = model_class(config_class(**description["config"]))
+    except (OSError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{config_path}: cannot read the model description ({error})") from None
+    model.load_params({key: np.array(t.detach().numpy()) for key, t in state_dict.items()})
+    return save_checkpoint(out, model, None, description.get("meta", {}))
