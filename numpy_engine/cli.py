@@ -143,6 +143,9 @@ def add_generate_command(commands) -> None:
         help="char-lm: sample among the likeliest whose mass reaches p (0 < p <= 1)",
     )
     gen.add_argument("--seed", type=int, default=0, help="char-lm: the sampler's seed (default: 0)")
+    gen.add_argument("--no-cache", action="store_true",
+                     help="rerun the whole prefix at every step instead of using the KV cache "
+                     "(same output, slower; for comparison)")  # fmt: skip
     gen.set_defaults(run=run_generate)
 
 
@@ -271,8 +274,8 @@ def run_generate(args: argparse.Namespace) -> int:
         ids = corpus.encode(args.prompt)
         if len(ids) == 0:
             raise ValueError("--prompt is empty")
-        out = generate(model, ids, args.max_new_tokens or 80, args.temperature,
-                       args.top_k, args.top_p, seed=args.seed)  # fmt: skip
+        out = generate(model, ids, args.max_new_tokens or 80, args.temperature, args.top_k,
+                       args.top_p, seed=args.seed, use_cache=not args.no_cache)  # fmt: skip
         print(corpus.decode(out[0]))
         return 0
     if args.source is None:
@@ -280,7 +283,8 @@ def run_generate(args: argparse.Namespace) -> int:
     vocab = model.config.vocab_size
     if any(not 0 < i < vocab for i in args.source):
         raise ValueError(f"--source ids must be in 1..{vocab - 1}, got {args.source}")
-    generated = greedy_decode(model, np.array([args.source]), args.max_new_tokens or 4)
+    source = np.array([args.source])
+    generated = greedy_decode(model, source, args.max_new_tokens or 4, use_cache=not args.no_cache)
     print(" ".join(str(int(i)) for i in generated[0]))
     return 0
 

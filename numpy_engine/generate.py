@@ -1,6 +1,7 @@
 """Decoding: greedy for the encoder-decoder; greedy or sampled for MiniGPT.
 
-This is the simple path: every step recomputes the decoder over the whole prefix.
+By default each step runs only the new position through a KV cache
+(numpy_engine/decoders.py); use_cache=False reruns the whole prefix, the simple path.
 """
 
 from __future__ import annotations
@@ -8,32 +9,36 @@ from __future__ import annotations
 import numpy as np
 
 from numpy_engine import checks
+from numpy_engine.decoders import (
+    CachedGPTDecoder,
+    CachedSeq2SeqDecoder,
+    FullGPTDecoder,
+    FullSeq2SeqDecoder,
+)
 from numpy_engine.models import MiniGPT, Seq2SeqTransformer
-from numpy_engine.tasks import BOS, EOS, PAD
+from numpy_engine.tasks import EOS, PAD
 
 
 def greedy_decode(
-    model: Seq2SeqTransformer, source: np.ndarray, max_new_tokens: int = 4
+    model: Seq2SeqTransformer, source: np.ndarray, max_new_tokens: int = 4, use_cache: bool = True
 ) -> np.ndarray:
     """(B, max_new_tokens) ids: the argmax at each step, EOS included; after EOS, PAD.
 
-    The source is encoded once; the decoder reruns on the growing prefix [BOS, ...].
+    use_cache=False reruns the decoder on the whole prefix each step (the simple path).
     """
     _check_count("max_new_tokens", max_new_tokens, minimum=1)
     source = checks.check_token_ids("source", source, model.config.vocab_size)
-    memory, _ = model.encode(source)  # (B, S, C), computed once
-    B = source.shape[0]
-    decoder_input = np.full((B, 1), BOS)  # (B, 1)
-    generated = np.full((B, max_new_tokens), PAD)
-    finished = np.zeros(B, dtype=bool)
+    model.check_source(source)
+    decoder = (CachedSeq2SeqDecoder if use_cache else FullSeq2SeqDecoder)(model, source)
+    generated = np.full((source.shape[0], max_new_tokens), PAD)
+    finished = np.zeros(source.shape[0], dtype=bool)
     for t in range(max_new_tokens):
-        logits, _ = model.decode(memory, source, decoder_input)  # (B, t + 1, V)
-        next_ids = np.where(finished, PAD, logits[:, -1].argmax(axis=-1))  # finished rows: PAD
+        next_ids = np.where(finished, PAD, decoder.next_logits().argmax(axis=-1))  # done: PAD
         generated[:, t] = next_ids
         finished |= next_ids == EOS
-        if finished.all():
+        if finished.all() or t == max_new_tokens - 1:
             break
-        decoder_input = np.concatenate([decoder_input, next_ids[:, None]], axis=1)
+        decoder.append(next_ids)
     return generated
 
 
@@ -103,6 +108,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
+    use_cache: bool = True,
 ) -> np.ndarray:
     """prompt (B, T0) ids -> (B, T0 + max_new_tokens); the model sees the last max_len ids."""
     check_sampling(temperature, top_k, top_p)
@@ -111,9 +117,10 @@ def generate(
     ids = checks.check_token_ids("prompt", ids[None, :] if ids.ndim == 1 else ids,
                                  model.config.vocab_size)  # fmt: skip
     rng = np.random.default_rng(seed)
-    for _ in range(max_new_tokens):
-        window = ids[:, -model.config.max_len :]  # (B, <= max_len)
-        logits, _ = model.forward(window)
-        next_ids = sample_next(logits[:, -1], rng, temperature, top_k, top_p)  # (B,)
-        ids = np.concatenate([ids, next_ids[:, None]], axis=1)
-    return ids
+    decoder = (CachedGPTDecoder if use_cache else FullGPTDecoder)(model, ids)
+    for step in range(max_new_tokens):
+        next_ids = sample_next(decoder.next_logits(), rng, temperature, top_k, top_p)  # (B,)
+        if step == max_new_tokens - 1:  # the last token needs no logits after it
+            return np.concatenate([decoder.ids, next_ids[:, None]], axis=1)
+        decoder.append(next_ids)
+    return decoder.ids

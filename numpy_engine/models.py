@@ -191,7 +191,7 @@ class Seq2SeqTransformer(_Model):
     def encode(self, source: np.ndarray) -> tuple:
         """The memory (B, S, C) that every decoder block's cross-attention reads."""
         cfg, p = self.config, self.params
-        source = self._check_source(source)
+        source = self.check_source(source)
         src_visible = padding_visible(source, cfg.pad_id)  # (B, 1, 1, S)
         x, src_embed = embedding_forward(source, p["embed.weight"], cfg.pad_id)  # (B, S, C)
         x, _ = sinusoidal_forward(x)
@@ -283,7 +283,7 @@ class Seq2SeqTransformer(_Model):
             "target", target, shape, cfg.vocab_size, cfg.pad_id, like="decoder_input"
         )
 
-    def _check_source(self, source: np.ndarray) -> np.ndarray:
+    def check_source(self, source: np.ndarray) -> np.ndarray:
         source = checks.check_token_ids("source", source, self.config.vocab_size)
         all_padding = (source == self.config.pad_id).all(axis=1)
         if all_padding.any():

@@ -26,13 +26,13 @@ class ScriptedSeq2Seq(ne.Seq2SeqTransformer):
 
 def test_greedy_decode_stops_at_eos_and_pads_finished_rows():
     script = np.array([[5, 2, 7, 7], [6, 8, 9, 2], [2, 4, 4, 4]])
-    out = greedy_decode(ScriptedSeq2Seq(script), np.array([[4, 5, 6]] * 3), max_new_tokens=4)
+    out = greedy_decode(ScriptedSeq2Seq(script), np.array([[4, 5, 6]] * 3), 4, use_cache=False)
     assert out.tolist() == [[5, EOS, PAD, PAD], [6, 8, 9, EOS], [EOS, PAD, PAD, PAD]]
 
 
 def test_greedy_decode_respects_max_new_tokens():
     script = np.full((2, 6), 5)  # never emits EOS
-    out = greedy_decode(ScriptedSeq2Seq(script), np.array([[4], [5]]), max_new_tokens=3)
+    out = greedy_decode(ScriptedSeq2Seq(script), np.array([[4], [5]]), 3, use_cache=False)
     assert out.shape == (2, 3) and (out == 5).all()
     with pytest.raises(ValueError, match="max_new_tokens must be at least 1"):
         greedy_decode(ScriptedSeq2Seq(script), np.array([[4]]), max_new_tokens=0)

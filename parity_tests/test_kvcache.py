@@ -1,0 +1,94 @@
+"""KV-cache decoding gives the same logits (1e-12, float64) and tokens as rerunning the prefix.
+
+Both decoders are driven with the same ids, step by step: padded sources, rows that
+feed PAD after finishing, and MiniGPT prompts that outgrow max_len (the window slides).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+import numpy_engine as ne
+from numpy_engine.decoders import (
+    CachedGPTDecoder,
+    CachedSeq2SeqDecoder,
+    FullGPTDecoder,
+    FullSeq2SeqDecoder,  # fmt: skip
+)
+from numpy_engine.generate import generate, greedy_decode
+from parity_tests.helpers import record
+from parity_tests.strategies import gpt_cases, randomize_params, seeds, seq2seq_cases
+from torch_reference.compare import compare
+
+RTOL = 1e-12
+
+
+def assert_same_logits(name: str, cached: np.ndarray, full: np.ndarray) -> None:
+    c = compare(name, cached, full)
+    record(f"kv cache {name}", c.rel)
+    assert c.diff_norm <= RTOL * c.ref_norm, c.describe()
+
+
+@given(case=seq2seq_cases(), steps=st.integers(1, 6), seed=seeds)
+def test_seq2seq_cached_steps_match_the_full_prefix(case, steps, seed):
+    model = ne.Seq2SeqTransformer(case.config, seed=case.seed)
+    rng = np.random.default_rng(seed)
+    randomize_params(model, rng)
+    full = FullSeq2SeqDecoder(model, case.source)
+    cached = CachedSeq2SeqDecoder(model, case.source)
+    finished = np.zeros(len(case.source), dtype=bool)
+    for _ in range(steps):
+        assert_same_logits("Seq2SeqTransformer", cached.next_logits(), full.next_logits())
+        next_ids = rng.integers(1, case.config.vocab_size, len(case.source))  # EOS (2) likely
+        next_ids = np.where(finished, 0, next_ids)  # finished rows feed PAD, as greedy_decode
+        finished |= next_ids == 2
+        full.append(next_ids)
+        cached.append(next_ids)
+    assert_same_logits("Seq2SeqTransformer", cached.next_logits(), full.next_logits())
+
+
+@given(case=gpt_cases(), steps=st.integers(1, 12), seed=seeds)
+def test_gpt_cached_steps_match_the_full_window(case, steps, seed):
+    model = ne.MiniGPT(case.config, seed=case.seed)
+    rng = np.random.default_rng(seed)
+    randomize_params(model, rng)
+    full, cached = FullGPTDecoder(model, case.idx), CachedGPTDecoder(model, case.idx)
+    for _ in range(steps):  # often past max_len, so the window slides
+        assert_same_logits("MiniGPT", cached.next_logits(), full.next_logits())
+        next_ids = rng.integers(0, case.config.vocab_size, len(case.idx))
+        full.append(next_ids)
+        cached.append(next_ids)
+    assert_same_logits("MiniGPT", cached.next_logits(), full.next_logits())
+
+
+@given(case=seq2seq_cases())
+def test_greedy_tokens_are_the_same_with_and_without_the_cache(case):
+    model = ne.Seq2SeqTransformer(case.config, seed=case.seed)
+    randomize_params(model, np.random.default_rng(case.seed))
+    cached = greedy_decode(model, case.source, 6, use_cache=True)
+    np.testing.assert_array_equal(cached, greedy_decode(model, case.source, 6, use_cache=False))
+
+
+sampling = st.fixed_dictionaries({
+    "temperature": st.sampled_from([0.0, 0.7, 1.5]), "top_k": st.sampled_from([None, 2]),
+    "top_p": st.sampled_from([None, 0.9]), "seed": seeds,
+})  # fmt: skip
+
+
+@given(case=gpt_cases(), kwargs=sampling)
+def test_sampled_tokens_are_the_same_with_and_without_the_cache(case, kwargs):
+    model = ne.MiniGPT(case.config, seed=case.seed)
+    randomize_params(model, np.random.default_rng(case.seed))
+    cached = generate(model, case.idx, 10, use_cache=True, **kwargs)
+    np.testing.assert_array_equal(cached, generate(model, case.idx, 10, use_cache=False, **kwargs))
+
+
+def test_the_cache_really_skips_recomputation():
+    """A cached step feeds one position: its keys grow by one per step."""
+    model = ne.MiniGPT(ne.GPTConfig(n_layers=1, max_len=16, dtype="float64"), seed=0)
+    decoder = CachedGPTDecoder(model, np.array([[1, 2, 3]]))
+    for expected_length in (4, 5, 6):
+        decoder.append(np.array([4]))
+        assert decoder.kv[0].k.shape[2] == expected_length
