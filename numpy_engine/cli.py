@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from numpy_engine.cli_study import add_study_commands
+
 TASK_DEFAULTS = {  # the reference runs
     "copy": {"steps": 800, "lr": 1e-3},
     "reverse": {"steps": 1000, "lr": 1e-3},
@@ -100,6 +102,11 @@ def add_train_command(commands) -> None:
     train.add_argument("--resume", metavar="DIR",
                        help="continue the run whose checkpoint is in DIR (no TASK); bit for bit "
                        "as if it had not stopped")  # fmt: skip
+    train.add_argument(
+        "--plot",
+        action="store_true",
+        help="with --out: also draw DIR/loss.png (needs the plot extra)",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress lines")
     train.set_defaults(run=run_train)
 
@@ -210,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_command(commands)
     add_parity_command(commands)
     add_interchange_commands(commands)
+    add_study_commands(commands)
     return parser
 
 
@@ -220,6 +228,12 @@ def run_train(args: argparse.Namespace) -> int:
     from numpy_engine import train
 
     stream = None if args.quiet else sys.stderr
+    if args.plot:
+        from numpy_engine.plots import _figure
+
+        _figure(1, 1)  # fail before training if matplotlib is missing
+        if not (args.out or args.resume):
+            raise ValueError("--plot needs --out DIR (where loss.png goes)")
     if args.checkpoint_every and not (args.out or args.resume):
         raise ValueError("--checkpoint-every needs --out DIR (where the checkpoints go)")
     if args.resume:
@@ -234,6 +248,10 @@ def run_train(args: argparse.Namespace) -> int:
     if out:
         train.save_run(run, out)
         run.result["out"] = str(out)
+        if args.plot:
+            from numpy_engine.plots import plot_history
+
+            run.result["plot"] = str(plot_history(run.history, Path(out) / "loss.png"))
     print(json.dumps(run.result, indent=2))
     return 0
 

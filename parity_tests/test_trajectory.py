@@ -18,7 +18,7 @@ from torch_reference.convert import params_from_torch, tensor, torch_model_for
 
 STEPS = 30
 RTOL = 1e-9
-ATOL = 1e-12
+SCALE_FLOOR = 1e-2  # a real parameter's norm is 0.1 to 10 here
 
 
 def train_both(model, optimizer, torch_optimizer_class, lr, batches, clip=1.0):
@@ -44,8 +44,10 @@ def assert_trajectories_match(model, torch_params, losses):
         assert abs(ours - theirs) <= RTOL * abs(theirs)
     for key, value in model.params.items():
         c = compare(key, value, torch_params[key])
-        # atol: a key bias has a true gradient of 0 and stays at 0 up to ~1e-13 in both
-        assert c.diff_norm <= ATOL + RTOL * c.ref_norm, c.describe()
+        # A key bias has a true gradient of exactly 0, so it stays at 0 but for rounding
+        # noise, which Adam divides by eps (1e-8) into steps of ~1e-12: relative to its own
+        # ~1e-12 norm that noise is 100%. Below SCALE_FLOOR a parameter is judged at that scale.
+        assert c.diff_norm <= RTOL * max(c.ref_norm, SCALE_FLOOR), c.describe()
 
 
 @pytest.mark.parametrize("task_name", ["copy", "reverse"])

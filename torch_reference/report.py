@@ -9,29 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-import numpy_engine as ne
+from numpy_engine.study import example_batch
 from torch_reference.compare import compare, float32_checks, float64_ok
 from torch_reference.convert import grads_from_torch, tensor, torch_model_for
-
-
-def build(model_name: str, seed: int):
-    """The default model of that kind in float64 and one padded batch, all from seed."""
-    rng = np.random.default_rng(seed)
-    if model_name == "seq2seq":
-        model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(dtype="float64"), seed=seed)
-        lengths = np.array([3, 2, 1, 3])
-        tokens = rng.integers(4, 12, size=(4, 3)) * (np.arange(3) < lengths[:, None])  # (B, 3)
-        source = tokens
-        decoder_input = np.concatenate([np.ones((4, 1), dtype=int), tokens], axis=1)  # BOS + tokens
-        target = np.concatenate([tokens, np.zeros((4, 1), dtype=int)], axis=1)
-        target[np.arange(4), lengths] = 2  # EOS after the last token, then padding
-        return model, (source, decoder_input, target)
-    model = ne.MiniGPT(ne.GPTConfig(dtype="float64"), seed=seed)
-    idx = rng.integers(0, 13, size=(4, 32))
-    targets = np.roll(idx, -1, axis=1)
-    targets[:, -1] = -100
-    targets[1, 20:] = -100  # a padded row
-    return model, (idx, targets)
 
 
 def results(model, batch) -> dict[str, np.ndarray]:
@@ -51,7 +31,7 @@ def torch_results(module, batch) -> dict[str, np.ndarray]:
 
 def report(model_name: str, dtype: str, seed: int) -> tuple[list[str], bool]:
     """The table's lines and whether every row passed."""
-    model, batch = build(model_name, seed)
+    model, batch = example_batch(model_name, seed)
     golden = torch_results(torch_model_for(model), batch)
     if dtype == "float64":
         ours, ref, checks = results(model, batch), golden, None

@@ -1,0 +1,125 @@
+"""The commands for looking inside: `attention`, `plot`, `grads` (registered by cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_study_commands(commands) -> None:
+    attention = commands.add_parser(
+        "attention", help="draw the attention weights of every layer and head for one example",
+        description="For a copy/reverse checkpoint and --source, draw the encoder "
+        "self-attention, the decoder self-attention and the cross-attention of the greedy output; "
+        "for a char-lm checkpoint and --prompt, MiniGPT's self-attention per layer and head. "
+        "Needs the plot extra.",
+    )  # fmt: skip
+    attention.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a checkpoint.npz, or the --out DIR of a training run",
+    )
+    what = attention.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--source", type=int, nargs="+", metavar="ID", help="copy/reverse: source ids"
+    )
+    what.add_argument("--prompt", help="char-lm: the text to look at")
+    attention.add_argument(
+        "--out",
+        default="attention.png",
+        metavar="PNG",
+        help="the picture to write (default: attention.png)",
+    )
+    attention.set_defaults(run=run_attention)
+
+    plot = commands.add_parser(
+        "plot", help="redraw loss.png from a training run's history.json",
+        description="Draw training loss per step, held-out loss at evaluations and, for "
+        "copy/reverse, exact match on a second axis. Needs the plot extra.",
+    )  # fmt: skip
+    plot.add_argument("run_dir", metavar="DIR", help="the --out DIR of a training run")
+    plot.add_argument("--out", metavar="PNG", help="the picture to write (default: DIR/loss.png)")
+    plot.set_defaults(run=run_plot)
+
+    grads = commands.add_parser(
+        "grads", help="gradient norms per parameter, each next to a finite-difference estimate",
+        description="Build the default model in float64 from --seed, run one padded batch, and "
+        "print each parameter's gradient norm; on a few sampled entries, the norm of the "
+        "hand-written gradient, the norm of a central finite-difference estimate, and their "
+        "relative error.",
+    )  # fmt: skip
+    grads.add_argument(
+        "--model",
+        choices=["seq2seq", "gpt"],
+        default="seq2seq",
+        help="seq2seq (the copy model) or gpt (MiniGPT) (default: seq2seq)",
+    )
+    grads.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
+    grads.add_argument(
+        "--entries",
+        type=int,
+        default=4,
+        help="sampled entries per parameter for finite differences (default: 4)",
+    )
+    grads.add_argument("--plot", metavar="PNG", help="also draw the gradient norms as bars")
+    grads.set_defaults(run=run_grads)
+
+
+def run_attention(args: argparse.Namespace) -> int:
+    from numpy_engine.checkpoint import load_checkpoint
+    from numpy_engine.plots import plot_attention
+    from numpy_engine.study import gpt_attention, seq2seq_attention
+    from numpy_engine.tasks import CharCorpus
+
+    checkpoint = load_checkpoint(args.checkpoint)
+    if checkpoint.meta.get("task") == "char-lm":
+        if args.prompt is None:
+            raise ValueError("this is a char-lm checkpoint: give --prompt, not --source")
+        corpus = CharCorpus(checkpoint.meta["vocabulary"])
+        panels = gpt_attention(checkpoint.model, corpus.encode(args.prompt), list(args.prompt))
+    else:
+        if args.source is None:
+            raise ValueError("this is a copy/reverse checkpoint: give --source, not --prompt")
+        panels = seq2seq_attention(checkpoint.model, args.source)
+    print(f"wrote {plot_attention(panels, args.out)}")
+    return 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from numpy_engine.plots import plot_history
+
+    history_file = Path(args.run_dir) / "history.json"
+    try:
+        history = json.loads(history_file.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{history_file}: cannot read the history ({error})") from None
+    out = args.out or Path(args.run_dir) / "loss.png"
+    print(f"wrote {plot_history(history, out)}")
+    return 0
+
+
+def run_grads(args: argparse.Namespace) -> int:
+    from numpy_engine.study import gradient_study
+
+    if args.plot:  # fail before the work if matplotlib is missing
+        from numpy_engine.plots import _figure
+
+        _figure(1, 1)
+    loss, rows = gradient_study(args.model, args.seed, args.entries)
+    print(f"{args.model}, seed {args.seed}: loss {loss:.6f} on one padded batch (float64)")
+    header = (f"{'parameter':<34} {'shape':<10} {'|grad|':>10}   {'sampled entries: |grad|':>23}"
+              f" {'|finite diff|':>13} {'rel. error':>10}")  # fmt: skip
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        sampled = f"{r['sampled_norm']:>23.6e} {r['fd_norm']:>13.6e} {r['rel_error']:>10.1e}"
+        print(f"{r['name']:<34} {str(r['shape']):<10} {r['grad_norm']:>10.3e}   {sampled}")
+    if args.plot:
+        from numpy_engine.plots import plot_grad_norms
+
+        norms = {r["name"]: r["grad_norm"] for r in rows}
+        title = f"{args.model}: gradient norm per parameter, one batch, seed {args.seed}"
+        print(f"wrote {plot_grad_norms(norms, args.plot, title)}")
+    return 0

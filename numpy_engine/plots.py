@@ -1,0 +1,98 @@
+"""Pictures: attention weights per head, loss curves, gradient norms.
+
+matplotlib comes from the `plot` extra and is used through its object-oriented API
+(a Figure with an Agg canvas, no pyplot state), so it works headless. Nothing else
+in the engine imports it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+class MissingExtra(ValueError):
+    """matplotlib is not installed."""
+
+
+def _figure(width: float, height: float):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MissingExtra(
+            "pictures need matplotlib: install the plot extra, pip install 'numpy-engine[plot]'"
+        ) from None
+    figure = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    return out
+
+
+def plot_attention(panels: list[tuple[str, np.ndarray, list[str], list[str]]], out) -> Path:
+    """panels: (title, weights (H, Tq, Tk), key labels, query labels).
+
+    One row per panel, one column per head.
+    """
+    n_heads = max(weights.shape[0] for _, weights, _, _ in panels)
+    figure = _figure(2.2 * n_heads + 1, 2.3 * len(panels) + 0.5)
+    axes = figure.subplots(len(panels), n_heads, squeeze=False)
+    for row, (title, weights, keys, queries) in enumerate(panels):
+        for head in range(n_heads):
+            ax = axes[row, head]
+            if head >= weights.shape[0]:
+                ax.set_axis_off()
+                continue
+            ax.imshow(weights[head], vmin=0.0, vmax=1.0, cmap="viridis")
+            ax.set_xticks(range(len(keys)), keys, fontsize=7, rotation=90)
+            ax.set_yticks(range(len(queries)), queries, fontsize=7)
+            ax.set_title(f"{title}, head {head}", fontsize=8)
+    figure.suptitle("attention weights (rows: queries, columns: keys; 0 dark, 1 bright)")
+    figure.tight_layout()
+    return _save(figure, out)
+
+
+def plot_history(history: dict, out) -> Path:
+    """Training loss per step; held-out loss and exact match at evaluations, if recorded."""
+    figure = _figure(7, 4)
+    ax = figure.subplots()
+    ax.plot(history["step"], history["train_loss"], lw=0.8, label="training loss (batch)")
+    evals = history.get("eval", [])
+    if evals:
+        steps = [e["step"] for e in evals]
+        ax.plot(steps, [e["heldout_loss"] for e in evals], "o-", label="held-out loss")
+        match = ax.twinx()
+        match.plot(steps, [e["exact_match"] for e in evals], "s--", color="tab:green",
+                   label="held-out exact match")  # fmt: skip
+        match.set_ylim(0, 1.05)
+        match.set_ylabel("greedy exact match")
+        match.legend(loc="center right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (log scale)")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.set_title("training")
+    figure.tight_layout()
+    return _save(figure, out)
+
+
+def plot_grad_norms(norms: dict[str, float], out, title: str) -> Path:
+    """A horizontal bar per parameter: the norm of its gradient (log scale)."""
+    names = list(norms)
+    figure = _figure(7, 0.18 * len(names) + 1.2)
+    ax = figure.subplots()
+    ax.barh(range(len(names)), [max(norms[n], 1e-20) for n in names])
+    ax.set_yticks(range(len(names)), names, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("gradient norm (log scale)")
+    ax.set_title(title, fontsize=9)
+    figure.tight_layout()
+    return _save(figure, out)

@@ -1,0 +1,79 @@
+"""The pictures: written, of a real size, and not blank; and a clear message without matplotlib."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numpy_engine.cli import main
+
+pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+from matplotlib.image import imread  # noqa: E402
+
+
+def assert_real_picture(path, min_bytes: int = 10_000) -> None:
+    assert path.exists(), f"{path} was not written"
+    assert path.stat().st_size >= min_bytes, f"{path} is only {path.stat().st_size} bytes"
+    pixels = imread(path)[..., :3]  # (H, W, RGB) in [0, 1]
+    colours = np.unique((pixels.reshape(-1, 3) * 255).astype(int), axis=0)
+    assert pixels.std() > 0.05 and len(colours) > 50, f"{path} looks blank"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    assert main(["train", "copy", "--steps", "200", "--out", str(root / "copy"), "--plot",
+                 "--quiet"]) == 0  # fmt: skip
+    assert main(["train", "char-lm", "--steps", "20", "--out", str(root / "char"), "--quiet"]) == 0
+    return root
+
+
+def test_training_with_plot_draws_the_loss_curve(runs):
+    assert_real_picture(runs / "copy" / "loss.png")
+
+
+def test_plot_redraws_from_the_history(runs, tmp_path):
+    assert main(["plot", str(runs / "copy"), "--out", str(tmp_path / "again.png")]) == 0
+    assert_real_picture(tmp_path / "again.png")
+    assert main(["plot", str(runs / "char"), "--out", str(tmp_path / "char.png")]) == 0
+    assert_real_picture(tmp_path / "char.png")
+
+
+def test_attention_pictures_for_both_models(runs, tmp_path):
+    out = tmp_path / "seq2seq.png"
+    assert main(["attention", "--checkpoint", str(runs / "copy"), "--source", "4", "7", "9",
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert_real_picture(out, min_bytes=30_000)
+    out = tmp_path / "gpt.png"
+    assert main(["attention", "--checkpoint", str(runs / "char"), "--prompt", "to be",
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert_real_picture(out, min_bytes=30_000)
+
+
+def test_gradient_bars(tmp_path, capsys):
+    out = tmp_path / "grads.png"
+    assert main(["grads", "--model", "gpt", "--plot", str(out)]) == 0
+    assert_real_picture(out)
+    table = capsys.readouterr().out
+    assert "tok_embed.weight" in table and "head.bias" in table
+
+
+def run_without_matplotlib(*args: str) -> subprocess.CompletedProcess:
+    code = ("import sys; sys.modules['matplotlib'] = None; from numpy_engine.cli import main; "
+            f"sys.exit(main({list(args)!r}))")  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+def test_without_matplotlib_pictures_name_the_extra_and_training_still_works(runs, tmp_path):
+    result = run_without_matplotlib("attention", "--checkpoint", str(runs / "copy"), "--source",
+                                    "4", "--out", str(tmp_path / "a.png"))  # fmt: skip
+    assert result.returncode == 2 and "pip install 'numpy-engine[plot]'" in result.stderr
+    result = run_without_matplotlib("train", "copy", "--steps", "5", "--out", str(tmp_path / "r"),
+                                    "--plot", "--quiet")  # fmt: skip
+    assert result.returncode == 2 and "plot extra" in result.stderr
+    assert not (tmp_path / "r").exists()  # refused before training
+    result = run_without_matplotlib("train", "copy", "--steps", "5", "--quiet")
+    assert result.returncode == 0, result.stderr
