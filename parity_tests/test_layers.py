@@ -24,7 +24,7 @@ from parity_tests.helpers import (
     check_layer,
     random_visible,
 )
-from parity_tests.strategies import activations, seeds
+from parity_tests.strategies import activations, model_widths, seeds
 
 small = st.integers(1, 4)
 
@@ -319,10 +319,13 @@ def self_block_params(rng, C, F_):
     }
 
 
-@given(B=small, H=st.integers(1, 3), T=small, hs=small, F_=small, activation=activations,
+# Blocks draw C >= 3 (model_widths): a layernorm over 1 or 2 channels leaves gradients
+# that are rounding noise in both engines (see parity_tests/strategies.py).
+@given(B=small, widths=model_widths(), T=small, F_=small, activation=activations,
        causal=st.booleans(), seed=seeds)  # fmt: skip
-def test_self_attention_block(B, H, T, hs, F_, activation, causal, seed):
+def test_self_attention_block(B, widths, T, F_, activation, causal, seed):
     rng = np.random.default_rng(seed)
+    H, hs = widths
     C = H * hs
     visible = random_visible(rng, (B, H, T, T), "causal" if causal else "padding")
     inputs = {"x": normal(rng, B, T, C), **self_block_params(rng, C, F_)}
@@ -344,10 +347,11 @@ def test_self_attention_block(B, H, T, hs, F_, activation, causal, seed):
     check_layer(LayerCase(name, inputs, forward, backward, torch_forward), rng)
 
 
-@given(B=small, H=st.integers(1, 3), T=small, S=small, hs=small, F_=small, activation=activations,
+@given(B=small, widths=model_widths(), T=small, S=small, F_=small, activation=activations,
        seed=seeds)  # fmt: skip
-def test_decoder_block(B, H, T, S, hs, F_, activation, seed):
+def test_decoder_block(B, widths, T, S, F_, activation, seed):
     rng = np.random.default_rng(seed)
+    H, hs = widths
     C = H * hs
     self_visible = random_visible(rng, (B, H, T, T), "causal")
     memory_visible = random_visible(rng, (B, H, T, S), "padding")
