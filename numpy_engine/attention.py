@@ -59,7 +59,7 @@ def attention_forward(
     scores = (q @ k.swapaxes(-1, -2)) * scale  # (B, H, Tq, Tk)
     if visible is not None:
         check_every_row_sees_a_key(visible, scores.shape)
-        np.copyto(scores, -np.inf, where=~visible)
+        np.copyto(scores, -np.inf, where=~visible)  # far cheaper than scores[~visible] = -inf
     scores -= scores.max(axis=-1, keepdims=True)  # each row has a finite max: it sees a key
     weights = np.exp(scores)  # exp(-inf) = 0 exactly
     weights /= weights.sum(axis=-1, keepdims=True)

@@ -207,6 +207,34 @@ def add_interchange_commands(commands) -> None:
     imp.set_defaults(run=run_import)
 
 
+def add_bench_command(commands) -> None:
+    bench = commands.add_parser(
+        "bench", help="time training steps against the PyTorch reference (needs the test extra)",
+        description="Train the engine and torch_reference side by side on the same weights and "
+        "batches, alternating, and print ms per step, the ratio, GFLOP/s against this machine's "
+        "matmul peak, and each engine's peak memory. Configs: copy, char-lm, large.",
+    )  # fmt: skip
+    bench.add_argument(
+        "--configs",
+        nargs="+",
+        choices=["copy", "char-lm", "large"],
+        default=["copy", "char-lm", "large"],
+        help="default: all three",
+    )
+    bench.add_argument(
+        "--steps",
+        type=positive_int,
+        default=40,
+        help="timed steps per config; large times a tenth (default: 40)",
+    )
+    bench.add_argument(
+        "--threads", type=positive_int, default=1, help="BLAS and torch threads (default: 1)"
+    )
+    bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.set_defaults(run=run_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="numpy-engine",
@@ -218,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parity_command(commands)
     add_interchange_commands(commands)
     add_study_commands(commands)
+    add_bench_command(commands)
     return parser
 
 
@@ -316,6 +345,14 @@ def needs_torch(command: str):
         raise ValueError(f"numpy-engine {command} needs PyTorch ({error}); install the test "
                          "extra: pip install -e '.[test]'") from None  # fmt: skip
     return torch_reference
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    needs_torch("bench")
+    from torch_reference.bench import main as bench_main
+
+    bench_main(args.configs, args.steps, 3, args.threads, not args.no_memory, args.json)
+    return 0
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -21,7 +21,9 @@ import numpy as np
 def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> tuple:
     """y = x @ weight.T + bias, weight stored (out, in) as in PyTorch."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
-    out = (x2 @ weight.T + bias).reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
+    out = x2 @ weight.T  # (N, out)
+    out += bias  # in place: a second (N, out) temporary costs about as much as the add
+    out = out.reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
     cache = (x, weight)
     return out, cache
 
@@ -153,19 +155,40 @@ _GELU_A = 0.044715
 
 
 def gelu_forward(x: np.ndarray) -> tuple:
-    """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh"."""
-    t = np.tanh(_GELU_K * (x + _GELU_A * (x * x * x)))  # x * x * x: x**3 calls pow, ~100x slower
-    out = 0.5 * x * (1.0 + t)
+    """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh".
+
+    Written in place on two buffers: on (B*T, F) arrays each fresh temporary costs
+    about as much as the arithmetic (x**3 would also call pow, ~100x slower than x*x*x).
+    """
+    t = x * x
+    t *= _GELU_A
+    t += 1.0
+    t *= x
+    t *= _GELU_K  # k (x + a x^3) = k x (1 + a x^2)
+    np.tanh(t, out=t)
+    out = t + 1.0
+    out *= x
+    out *= 0.5
     cache = (x, t)
     return out, cache
 
 
 def gelu_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
-    """See docs/gradients.md#gelu."""
+    """See docs/gradients.md#gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)."""
     x, t = cache
-    dinner = _GELU_K * (1.0 + 3.0 * _GELU_A * (x * x))  # d/dx of k (x + a x^3)
-    dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner  # product rule, tanh' = 1 - t^2
-    return dout * dgelu
+    inner = x * x
+    inner *= 3.0 * _GELU_A
+    inner += 1.0
+    inner *= x
+    inner *= _GELU_K  # x k (1 + 3 a x^2) = x d/dx[k (x + a x^3)]
+    dx = t * t
+    np.subtract(1.0, dx, out=dx)  # tanh' = 1 - t^2
+    dx *= inner
+    dx += t
+    dx += 1.0
+    dx *= 0.5  # product rule: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)
+    dx *= dout
+    return dx
 
 
 ACTIVATIONS = {
@@ -239,6 +262,10 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray
     """See docs/gradients.md#cross-entropy: (softmax - onehot) / n_counted on counted rows."""
     log_probs, safe_targets, counted, n_counted, logits_shape = cache
     dlogits = np.exp(log_probs)  # softmax, (N, V)
-    dlogits[np.arange(len(safe_targets)), safe_targets] -= 1.0
+    rows = np.arange(len(safe_targets))
+    # p_y - 1 computed as minus the other classes' mass: when the model is confident,
+    # p_y rounds near 1 and p_y - 1 would cancel to a few correct digits (float32).
+    dlogits[rows, safe_targets] = 0.0
+    dlogits[rows, safe_targets] = -dlogits.sum(axis=-1)
     dlogits *= (dloss / n_counted) * counted[:, None]  # ignored rows get exactly 0
     return dlogits.reshape(logits_shape)

@@ -89,6 +89,17 @@ def _decoder_block_params(init: Init, C: int, F: int) -> dict:
     }
 
 
+def _in_one_buffer(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """The params as consecutive views of one flat array, so an optimizer can update them
+    all with a few whole-array operations (numpy_engine/optim.py)."""
+    flat = np.concatenate([value.reshape(-1) for value in params.values()]).astype(dtype)
+    views, offset = {}, 0
+    for key, value in params.items():
+        views[key] = flat[offset : offset + value.size].reshape(value.shape)
+        offset += value.size
+    return views
+
+
 def _check_params(params: dict, expected: dict) -> dict[str, np.ndarray]:
     """Same keys, shapes and dtypes as expected; returns copies so nothing is shared."""
     missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
@@ -112,14 +123,15 @@ class _Model:
     params: dict[str, np.ndarray]
 
     def load_params(self, params: dict[str, np.ndarray]) -> None:
-        """Replace the parameters with copies of params, which must match keys, shapes, dtypes."""
-        self.params = _check_params(params, self.params)
+        """Copy params (which must match keys, shapes and dtypes) into this model's weights."""
+        for key, value in _check_params(params, self.params).items():
+            self.params[key][...] = value  # into the flat buffer's views
 
     def with_dtype(self, dtype: str):
         """A copy of this model with its config and weights cast to dtype ("float32"/"float64")."""
         checks.check_choice("dtype", dtype, DTYPES)
         twin = type(self)(dataclasses.replace(self.config, dtype=dtype))
-        twin.params = {key: value.astype(dtype) for key, value in self.params.items()}
+        twin.load_params({key: value.astype(dtype) for key, value in self.params.items()})
         return twin
 
     def num_parameters(self) -> int:
@@ -180,7 +192,7 @@ class Seq2SeqTransformer(_Model):
             params.update(with_prefix(_decoder_block_params(init, C, F), f"decoder.{i}."))
         params.update(with_prefix(_layernorm_params(C), "decoder_norm."))
         params.update(with_prefix(_linear_params(init, cfg.vocab_size, C), "readout."))
-        return {key: value.astype(cfg.dtype) for key, value in params.items()}
+        return _in_one_buffer(params, cfg.dtype)
 
     def forward(self, source: np.ndarray, decoder_input: np.ndarray) -> tuple:
         """Logits (B, T, V) for source (B, S) and decoder_input (B, T), both int ids."""
@@ -331,7 +343,7 @@ class MiniGPT(_Model):
             params.update(with_prefix(_self_block_params(init, C, F), f"blocks.{i}."))
         params.update(with_prefix(_layernorm_params(C), "final_norm."))
         params.update(with_prefix(_linear_params(init, cfg.vocab_size, C), "head."))
-        return {key: value.astype(cfg.dtype) for key, value in params.items()}
+        return _in_one_buffer(params, cfg.dtype)
 
     def forward(self, idx: np.ndarray) -> tuple:
         """Logits (B, T, V) for idx (B, T) int ids, T <= max_len."""

@@ -12,23 +12,53 @@ import math
 import numpy as np
 
 
+def flatten(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """All arrays, raveled and concatenated in key order: one call instead of one per tensor."""
+    return np.concatenate([a.reshape(-1) for a in arrays.values()])
+
+
+def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Views into flat shaped like each array of `like`, in key order."""
+    out, offset = {}, 0
+    for key, a in like.items():
+        out[key] = flat[offset : offset + a.size].reshape(a.shape)
+        offset += a.size
+    return out
+
+
 def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> tuple[dict, float]:
     """Scale all gradients together so their global L2 norm is at most max_norm.
 
     As torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied only
-    when below 1. Returns (clipped grads, the total norm before clipping).
+    when below 1. Returns (clipped grads, the total norm before clipping); the input
+    is not modified. The norm is summed in float64 over one flat copy of all gradients.
     """
+    flat = flatten(grads)
     total_norm = math.sqrt(
-        sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values())
+        float(
+            np.dot(
+                flat,
+                flat.astype(np.float64, copy=False)
+                if flat.dtype == np.float64
+                else flat.astype(np.float64),
+            )
+        )
     )
     coef = max_norm / (total_norm + 1e-6)
     if coef >= 1.0:
         return dict(grads), total_norm
-    return {key: g * g.dtype.type(coef) for key, g in grads.items()}, total_norm
+    flat *= flat.dtype.type(coef)
+    return unflatten(flat, grads), total_norm
 
 
 class Optimizer:
-    """What SGD, Adam and AdamW share: the step counter, per-parameter state, checks."""
+    """What SGD, Adam and AdamW share: the step counter, state, and one flat update per step.
+
+    Every step concatenates the gradients into one vector and updates all parameters
+    with a handful of whole-vector operations. When the params are views into one flat
+    buffer (as the engine's models allocate them), that buffer is updated in place;
+    otherwise the update is written back tensor by tensor.
+    """
 
     state_names: tuple[str, ...] = ()
 
@@ -37,18 +67,26 @@ class Optimizer:
             raise ValueError(f"lr must be positive, got {lr}")
         self.lr = lr
         self.step_count = 0
-        self.state = {
-            name: {key: np.zeros_like(p) for key, p in params.items()} for name in self.state_names
-        }
+        self.keys = list(params)
+        total = sum(p.size for p in params.values())
+        dtype = next(iter(params.values())).dtype
+        self.flat_state = {name: np.zeros(total, dtype=dtype) for name in self.state_names}
+        self.state = {name: unflatten(flat, params) for name, flat in self.flat_state.items()}
+        self._views = dict(params)  # the arrays seen at construction
+        self._buffer = _shared_buffer(params)
 
     def step(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> None:
-        if grads.keys() != params.keys():
-            raise ValueError("grads must have exactly the keys of params")
+        if list(grads) != self.keys or list(params) != self.keys:
+            raise ValueError("params and grads must have exactly the optimizer's keys, in order")
         self.step_count += 1
-        for key, param in params.items():
-            self._update(key, param, grads[key])
+        in_place = self._buffer is not None and all(params[k] is self._views[k] for k in self.keys)
+        flat_params = self._buffer if in_place else flatten(params)
+        self._update(flat_params, flatten(grads))
+        if not in_place:
+            for key, value in unflatten(flat_params, params).items():
+                params[key][...] = value
 
-    def _update(self, key: str, param: np.ndarray, grad: np.ndarray) -> None:
+    def _update(self, param: np.ndarray, grad: np.ndarray) -> None:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -71,8 +109,25 @@ class Optimizer:
                 if saved.shape != value.shape:
                     raise ValueError(f"optimizer state {name}.{key} has shape {saved.shape}, "
                                      f"expected {value.shape}")  # fmt: skip
-                per_param[key] = np.array(saved, dtype=value.dtype)
+                value[...] = saved  # into the flat state's view
         self.step_count = int(flat["step"])
+
+
+def _shared_buffer(params: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The flat array that all params are consecutive views of, in key order, if there is one."""
+    first = next(iter(params.values()))
+    base = first.base
+    if base is None or base.ndim != 1 or base.size != sum(p.size for p in params.values()):
+        return None
+    offset = 0
+    for p in params.values():
+        if p.base is not base or not p.flags.c_contiguous:
+            return None
+        start = p.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        if start != offset * base.itemsize:
+            return None
+        offset += p.size
+    return base
 
 
 class SGD(Optimizer):
@@ -84,12 +139,16 @@ class SGD(Optimizer):
         super().__init__(params, lr)
         self.momentum, self.weight_decay = momentum, weight_decay
 
-    def _update(self, key, param, grad):
+    def _update(self, param, grad):
         d = grad + self.weight_decay * param if self.weight_decay else grad
         if self.momentum:
-            buf = self.state["momentum_buffer"]
-            buf[key] = d.copy() if self.step_count == 1 else self.momentum * buf[key] + d
-            d = buf[key]
+            buf = self.flat_state["momentum_buffer"]
+            if self.step_count == 1:
+                buf[...] = d
+            else:
+                buf *= self.momentum
+                buf += d
+            d = buf
         param -= self.lr * d
 
 
@@ -108,18 +167,18 @@ class Adam(Optimizer):
         super().__init__(params, lr)
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
-    def _update(self, key, param, grad):
+    def _update(self, param, grad):
         beta1, beta2 = self.betas
         if self.weight_decay:
             grad = grad + self.weight_decay * param
-        m, v = self.state["exp_avg"][key], self.state["exp_avg_sq"][key]
+        m, v = self.flat_state["exp_avg"], self.flat_state["exp_avg_sq"]
         m += (1 - beta1) * (grad - m)  # torch's lerp: m + (1 - b1)(g - m) = b1 m + (1 - b1) g
         v *= beta2
         v += (1 - beta2) * grad * grad
         step_size = self.lr / (1 - beta1**self.step_count)
-        denom = (
-            np.sqrt(v) / math.sqrt(1 - beta2**self.step_count) + self.eps
-        )  # Python floats keep float32
+        denom = np.sqrt(v)
+        denom /= math.sqrt(1 - beta2**self.step_count)  # Python floats keep float32 float32
+        denom += self.eps
         param -= step_size * (m / denom)
 
 
@@ -131,6 +190,6 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay=0.0)
         self.decoupled_weight_decay = weight_decay
 
-    def _update(self, key, param, grad):
+    def _update(self, param, grad):
         param *= 1 - self.lr * self.decoupled_weight_decay
-        super()._update(key, param, grad)
+        super()._update(param, grad)

@@ -134,3 +134,22 @@ def test_state_dict_round_trip_continues_identically():
             second.step(twin, grads)
     np.testing.assert_array_equal(params["w"], twin["w"])
     assert second.step_count == 6
+
+
+def test_the_flat_in_place_path_equals_the_tensor_by_tensor_path():
+    import numpy_engine as ne
+    from numpy_engine.optim import _shared_buffer
+
+    model = ne.MiniGPT(ne.GPTConfig(n_layers=1, dtype="float64"), seed=0)
+    assert _shared_buffer(model.params) is not None  # the model allocates one buffer
+    separate = {key: value.copy() for key, value in model.params.items()}
+    assert _shared_buffer(separate) is None
+    flat_opt, separate_opt = AdamW(model.params, lr=0.01), AdamW(separate, lr=0.01)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        grads = {key: rng.standard_normal(value.shape) for key, value in separate.items()}
+        flat_opt.step(model.params, grads)
+        separate_opt.step(separate, grads)
+    for key, value in separate.items():
+        np.testing.assert_array_equal(model.params[key], value)
+    assert _shared_buffer(model.params) is not None  # still views after the updates

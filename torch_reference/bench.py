@@ -1,0 +1,161 @@
+"""Training-step speed of the engine against torch_reference, measured in the same run.
+
+For each configuration both models start from the same weights and see the same
+batches; full training steps (forward, backward, clipping, optimizer) alternate
+between the two after a warm-up. Reported: median milliseconds per step, the ratio
+engine / torch, model FLOPs per step, achieved GFLOP/s and that as a fraction of this
+machine's float32 matmul peak (a large np.matmul, measured in the same run), and the
+peak resident memory of each engine, each measured in a separate process.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from numpy_engine import workloads
+from numpy_engine.workloads import WORKLOADS as CONFIGS
+from numpy_engine.workloads import Workload, engine_step
+from torch_reference.convert import tensor, torch_model_for
+
+
+def build(cfg: Workload, n_batches: int):
+    """The engine's workload plus the matching torch optimizer class."""
+    model, optimizer, batches = workloads.build(cfg, n_batches)
+    torch_optimizer = torch.optim.Adam if cfg.kind == "seq2seq" else torch.optim.AdamW
+    return model, optimizer, batches, torch_optimizer
+
+
+def flops_per_step(cfg: Workload, model) -> float:
+    """Matmul FLOPs of one training step: 3x the forward's (backward is two matmuls per one)."""
+    c = model.config
+    C, F, V = c.d_model, c.d_ff, c.vocab_size
+    if cfg.kind == "gpt":
+        N, T = cfg.batch_size * cfg.context, cfg.context
+        per_block = (
+            2 * N * (4 * C * C + 2 * C * F) + 2 * 2 * N * T * C
+        )  # projections, FFN, attention
+        forward = c.n_layers * per_block + 2 * N * C * V
+    else:
+        B, S, T = cfg.batch_size, 3, 4
+        enc = 2 * B * S * (4 * C * C + 2 * C * F) + 4 * B * S * S * C
+        dec = 2 * B * T * (4 * C * C + 2 * C * F) + 4 * B * T * T * C  # self-attention + FFN
+        dec += 2 * B * T * 2 * C * C + 2 * B * S * 2 * C * C + 4 * B * T * S * C  # cross-attention
+        forward = c.n_encoder_layers * enc + c.n_decoder_layers * dec + 2 * B * T * C * V
+    return 3.0 * forward
+
+
+def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    np.matmul(a, a)
+    best = min(_timed(lambda: np.matmul(a, a)) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def torch_step(module, optimizer, batch) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss = module.loss(*batch)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+def time_config(cfg: Workload, steps: int, warmup: int) -> dict:
+    model, optimizer, batches, torch_optimizer_class = build(cfg, steps + warmup)
+    module = torch_model_for(model)
+    torch_optimizer = torch_optimizer_class(module.parameters(), lr=1e-3)
+    torch_batches = [tuple(tensor(x) for x in batch) for batch in batches]
+    engine_ms, torch_ms = [], []
+    for i in range(steps + warmup):  # alternate, so both see the same machine state
+        t_engine = _timed(lambda: engine_step(model, optimizer, batches[i]))  # noqa: B023
+        t_torch = _timed(lambda: torch_step(module, torch_optimizer, torch_batches[i]))  # noqa: B023
+        if i >= warmup:
+            engine_ms.append(1e3 * t_engine)
+            torch_ms.append(1e3 * t_torch)
+    engine, reference = statistics.median(engine_ms), statistics.median(torch_ms)
+    flops = flops_per_step(cfg, model)
+    return {"engine_ms": engine, "torch_ms": reference, "ratio": engine / reference,
+            "flops_per_step": flops, "engine_gflops": flops / engine / 1e6,
+            "torch_gflops": flops / reference / 1e6}  # fmt: skip
+
+
+def peak_memory_mb(config: str, engine: str, steps: int, threads: int) -> float:
+    """Peak RSS of a fresh process that builds one engine's model and trains `steps` steps."""
+    if engine == "engine":  # a process that never imports torch
+        code = ("from numpy_engine.workloads import engine_memory_probe; "
+                f"engine_memory_probe({config!r}, {steps}, {threads})")  # fmt: skip
+    else:
+        code = ("from torch_reference.bench import torch_memory_probe; "
+                f"torch_memory_probe({config!r}, {steps}, {threads})")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def torch_memory_probe(config: str, steps: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    with threadpool_limits(threads):
+        model, _, batches, torch_optimizer_class = build(CONFIGS[config], steps)
+        module = torch_model_for(model)
+        del model  # the process keeps only torch's copy of the weights
+        torch_optimizer = torch_optimizer_class(module.parameters(), lr=1e-3)
+        for batch in batches:
+            torch_step(module, torch_optimizer, tuple(tensor(x) for x in batch))
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB -> MiB on Linux
+
+
+def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool) -> dict:
+    torch.set_num_threads(threads)
+    with threadpool_limits(threads):
+        peak = matmul_peak_gflops()
+        results = {}
+        for name in configs:
+            cfg = CONFIGS[name]
+            n = max(3, steps // 10) if name == "large" else steps
+            results[name] = time_config(cfg, n, min(warmup, n))
+            results[name]["steps_timed"] = n
+            results[name]["engine_peak_fraction"] = results[name]["engine_gflops"] / peak
+    if memory:
+        for name in configs:
+            mem_steps = 2 if name == "large" else 5
+            results[name]["engine_peak_mb"] = peak_memory_mb(name, "engine", mem_steps, threads)
+            results[name]["torch_peak_mb"] = peak_memory_mb(name, "torch", mem_steps, threads)
+    return {"threads": threads, "matmul_peak_gflops": peak, "configs": results}
+
+
+def table(summary: dict) -> str:
+    lines = [f"float32, {summary['threads']} thread(s); np.matmul peak "
+             f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024)",  # fmt: skip
+             f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'MFLOP/step':>11} "
+             f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9}"]  # fmt: skip
+    for name, r in summary["configs"].items():
+        mem = (f"{r['engine_peak_mb']:>10.0f} {r['torch_peak_mb']:>9.0f}"
+               if "engine_peak_mb" in r else f"{'-':>10} {'-':>9}")  # fmt: skip
+        lines.append(f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.2f} "
+                     f"{r['flops_per_step'] / 1e6:>11.1f} {r['engine_gflops']:>8.2f} "
+                     f"{r['engine_peak_fraction']:>8.1%} {mem}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(configs: list[str], steps: int, warmup: int, threads: int, memory: bool,
+         json_path: str | None) -> dict:  # fmt: skip
+    summary = run(configs, steps, warmup, threads, memory)
+    print(table(summary))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(summary, f, indent=2)
+    return summary
