@@ -68,4 +68,17 @@ def engine_memory_probe(name: str, steps: int, threads: int) -> None:
         model, optimizer, batches = build(WORKLOADS[name], steps)
         for batch in batches:
             engine_step(model, optimizer, batch)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB -> MiB on Linux
+    print(peak_rss_mb())
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB: VmHWM, which starts afresh at exec
+    (ru_maxrss does not: a child forked from a big parent would report the parent's)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB -> MiB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

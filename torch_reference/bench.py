@@ -11,7 +11,6 @@ peak resident memory of each engine, each measured in a separate process.
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from numpy_engine import workloads
 from numpy_engine.workloads import WORKLOADS as CONFIGS
-from numpy_engine.workloads import Workload, engine_step
+from numpy_engine.workloads import Workload, engine_step, peak_rss_mb
 from torch_reference.convert import tensor, torch_model_for
 
 
@@ -115,7 +114,7 @@ def torch_memory_probe(config: str, steps: int, threads: int) -> None:
         torch_optimizer = torch_optimizer_class(module.parameters(), lr=1e-3)
         for batch in batches:
             torch_step(module, torch_optimizer, tuple(tensor(x) for x in batch))
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB -> MiB on Linux
+    print(peak_rss_mb())
 
 
 def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool) -> dict:
