@@ -11,7 +11,7 @@ C = d_model, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,80 +40,16 @@ from numpy_engine.layers import (
     sinusoidal_backward,
     sinusoidal_forward,
 )
+from numpy_engine.params import (
+    check_params,
+    decoder_block_params,
+    in_one_buffer,
+    layernorm_params,
+    linear_params,
+    self_block_params,
+)
 
 GPT_IGNORE_INDEX = -100  # PyTorch's default ignore_index
-
-
-# -------------------------------------------------------------------- initialisation
-
-Init = Callable[[tuple[int, ...]], np.ndarray]
-
-
-def _linear_params(init: Init, out_features: int, in_features: int) -> dict:
-    return {"weight": init((out_features, in_features)), "bias": np.zeros(out_features)}
-
-
-def _layernorm_params(channels: int) -> dict:
-    return {"weight": np.ones(channels), "bias": np.zeros(channels)}
-
-
-def _attention_params(init: Init, C: int) -> dict:
-    params = {}
-    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        params.update(with_prefix(_linear_params(init, C, C), f"{proj}."))
-    return params
-
-
-def _ffn_params(init: Init, C: int, F: int) -> dict:
-    fc1 = with_prefix(_linear_params(init, F, C), "fc1.")
-    return {**fc1, **with_prefix(_linear_params(init, C, F), "fc2.")}
-
-
-def _self_block_params(init: Init, C: int, F: int) -> dict:
-    return {
-        **with_prefix(_layernorm_params(C), "ln1."),
-        **with_prefix(_attention_params(init, C), "attn."),
-        **with_prefix(_layernorm_params(C), "ln2."),
-        **with_prefix(_ffn_params(init, C, F), "ffn."),
-    }
-
-
-def _decoder_block_params(init: Init, C: int, F: int) -> dict:
-    return {
-        **with_prefix(_layernorm_params(C), "ln1."),
-        **with_prefix(_attention_params(init, C), "self_attn."),
-        **with_prefix(_layernorm_params(C), "ln2."),
-        **with_prefix(_attention_params(init, C), "cross_attn."),
-        **with_prefix(_layernorm_params(C), "ln3."),
-        **with_prefix(_ffn_params(init, C, F), "ffn."),
-    }
-
-
-def _in_one_buffer(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
-    """The params as consecutive views of one flat array, so an optimizer can update them
-    all with a few whole-array operations (numpy_engine/optim.py)."""
-    flat = np.concatenate([value.reshape(-1) for value in params.values()]).astype(dtype)
-    views, offset = {}, 0
-    for key, value in params.items():
-        views[key] = flat[offset : offset + value.size].reshape(value.shape)
-        offset += value.size
-    return views
-
-
-def _check_params(params: dict, expected: dict) -> dict[str, np.ndarray]:
-    """Same keys, shapes and dtypes as expected; returns copies so nothing is shared."""
-    missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
-    if missing or extra:
-        raise ValueError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
-    for key, ref in expected.items():
-        value = params[key]
-        if not isinstance(value, np.ndarray) or value.shape != ref.shape:
-            got = getattr(value, "shape", type(value).__name__)
-            raise ValueError(f"params[{key!r}] must have shape {ref.shape}, got {got}")
-        if value.dtype != ref.dtype:
-            raise TypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
-        checks.check_finite(f"params[{key!r}]", value)
-    return {key: np.array(params[key]) for key in expected}
 
 
 class _Model:
@@ -124,7 +60,7 @@ class _Model:
 
     def load_params(self, params: dict[str, np.ndarray]) -> None:
         """Copy params (which must match keys, shapes and dtypes) into this model's weights."""
-        for key, value in _check_params(params, self.params).items():
+        for key, value in check_params(params, self.params).items():
             self.params[key][...] = value  # into the flat buffer's views
 
     def with_dtype(self, dtype: str):
@@ -186,13 +122,13 @@ class Seq2SeqTransformer(_Model):
         embed[cfg.pad_id] = 0.0  # Embedding(padding_idx) starts that row at zero
         params = {"embed.weight": embed}
         for i in range(cfg.n_encoder_layers):
-            params.update(with_prefix(_self_block_params(init, C, F), f"encoder.{i}."))
-        params.update(with_prefix(_layernorm_params(C), "encoder_norm."))
+            params.update(with_prefix(self_block_params(init, C, F), f"encoder.{i}."))
+        params.update(with_prefix(layernorm_params(C), "encoder_norm."))
         for i in range(cfg.n_decoder_layers):
-            params.update(with_prefix(_decoder_block_params(init, C, F), f"decoder.{i}."))
-        params.update(with_prefix(_layernorm_params(C), "decoder_norm."))
-        params.update(with_prefix(_linear_params(init, cfg.vocab_size, C), "readout."))
-        return _in_one_buffer(params, cfg.dtype)
+            params.update(with_prefix(decoder_block_params(init, C, F), f"decoder.{i}."))
+        params.update(with_prefix(layernorm_params(C), "decoder_norm."))
+        params.update(with_prefix(linear_params(init, cfg.vocab_size, C), "readout."))
+        return in_one_buffer(params, cfg.dtype)
 
     def forward(self, source: np.ndarray, decoder_input: np.ndarray) -> tuple:
         """Logits (B, T, V) for source (B, S) and decoder_input (B, T), both int ids."""
@@ -340,10 +276,10 @@ class MiniGPT(_Model):
             "pos_embed.weight": init((cfg.max_len, C)),
         }
         for i in range(cfg.n_layers):
-            params.update(with_prefix(_self_block_params(init, C, F), f"blocks.{i}."))
-        params.update(with_prefix(_layernorm_params(C), "final_norm."))
-        params.update(with_prefix(_linear_params(init, cfg.vocab_size, C), "head."))
-        return _in_one_buffer(params, cfg.dtype)
+            params.update(with_prefix(self_block_params(init, C, F), f"blocks.{i}."))
+        params.update(with_prefix(layernorm_params(C), "final_norm."))
+        params.update(with_prefix(linear_params(init, cfg.vocab_size, C), "head."))
+        return in_one_buffer(params, cfg.dtype)
 
     def forward(self, idx: np.ndarray) -> tuple:
         """Logits (B, T, V) for idx (B, T) int ids, T <= max_len."""

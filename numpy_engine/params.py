@@ -1,0 +1,83 @@
+"""Parameter initialisation helpers, and the one flat buffer a model's params live in.
+
+Each helper returns a dict keyed like the PyTorch submodule it mirrors
+(weight/bias, q_proj.weight, ln1.bias, ...); the models prefix and merge them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from numpy_engine import checks
+from numpy_engine.blocks import with_prefix
+
+Init = Callable[[tuple[int, ...]], np.ndarray]
+
+
+def linear_params(init: Init, out_features: int, in_features: int) -> dict:
+    return {"weight": init((out_features, in_features)), "bias": np.zeros(out_features)}
+
+
+def layernorm_params(channels: int) -> dict:
+    return {"weight": np.ones(channels), "bias": np.zeros(channels)}
+
+
+def attention_params(init: Init, C: int) -> dict:
+    params = {}
+    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        params.update(with_prefix(linear_params(init, C, C), f"{proj}."))
+    return params
+
+
+def ffn_params(init: Init, C: int, F: int) -> dict:
+    fc1 = with_prefix(linear_params(init, F, C), "fc1.")
+    return {**fc1, **with_prefix(linear_params(init, C, F), "fc2.")}
+
+
+def self_block_params(init: Init, C: int, F: int) -> dict:
+    return {
+        **with_prefix(layernorm_params(C), "ln1."),
+        **with_prefix(attention_params(init, C), "attn."),
+        **with_prefix(layernorm_params(C), "ln2."),
+        **with_prefix(ffn_params(init, C, F), "ffn."),
+    }
+
+
+def decoder_block_params(init: Init, C: int, F: int) -> dict:
+    return {
+        **with_prefix(layernorm_params(C), "ln1."),
+        **with_prefix(attention_params(init, C), "self_attn."),
+        **with_prefix(layernorm_params(C), "ln2."),
+        **with_prefix(attention_params(init, C), "cross_attn."),
+        **with_prefix(layernorm_params(C), "ln3."),
+        **with_prefix(ffn_params(init, C, F), "ffn."),
+    }
+
+
+def in_one_buffer(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """The params as consecutive views of one flat array, so an optimizer can update them
+    all with a few whole-array operations (numpy_engine/optim.py)."""
+    flat = np.concatenate([value.reshape(-1) for value in params.values()]).astype(dtype)
+    views, offset = {}, 0
+    for key, value in params.items():
+        views[key] = flat[offset : offset + value.size].reshape(value.shape)
+        offset += value.size
+    return views
+
+
+def check_params(params: dict, expected: dict) -> dict[str, np.ndarray]:
+    """Same keys, shapes and dtypes as expected; returns copies so nothing is shared."""
+    missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
+    if missing or extra:
+        raise ValueError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
+    for key, ref in expected.items():
+        value = params[key]
+        if not isinstance(value, np.ndarray) or value.shape != ref.shape:
+            got = getattr(value, "shape", type(value).__name__)
+            raise ValueError(f"params[{key!r}] must have shape {ref.shape}, got {got}")
+        if value.dtype != ref.dtype:
+            raise TypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
+        checks.check_finite(f"params[{key!r}]", value)
+    return {key: np.array(params[key]) for key in expected}
