@@ -2,7 +2,7 @@
 
     numpy-engine train copy|reverse|char-lm [--steps --seed --lr --batch-size --out DIR ...]
     numpy-engine generate --checkpoint DIR (--source 4 7 9 | --prompt "to ") [--temperature ...]
-    numpy-engine parity --model seq2seq|gpt [--dtype float32|float64] [--seed N]
+    numpy-engine parity | export | import | bench ...   (run by torch_reference/cli.py)
 
 Progress goes to stderr, results (JSON, generated text) to stdout. A mistake in the
 input exits with status 2 and a one-line message.
@@ -11,8 +11,10 @@ input exits with status 2 and a one-line message.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +22,12 @@ import numpy as np
 
 from numpy_engine.cli_study import add_study_commands
 
+TORCH_COMMANDS = {
+    "parity": "compare every gradient with the PyTorch reference on one padded batch",
+    "export": "write a checkpoint's weights as a PyTorch state_dict (.pt)",
+    "import": "turn a PyTorch state_dict (.pt) into an engine checkpoint",
+    "bench": "time training steps against the PyTorch reference",
+}
 TASK_DEFAULTS = {  # the reference runs
     "copy": {"steps": 800, "lr": 1e-3},
     "reverse": {"steps": 1000, "lr": 1e-3},
@@ -156,85 +164,6 @@ def add_generate_command(commands) -> None:
     gen.set_defaults(run=run_generate)
 
 
-def add_parity_command(commands) -> None:
-    parity = commands.add_parser(
-        "parity", help="compare every gradient with the PyTorch reference on one padded batch",
-        description="Build the engine model and its PyTorch twin from one seed, run one padded "
-        "batch through both, and print each tensor's difference. Exits 1 if any row fails. "
-        "Needs the test extra (PyTorch).",
-    )  # fmt: skip
-    parity.add_argument("--model", choices=["seq2seq", "gpt"], default="seq2seq",
-                        help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT "
-                        "(default: seq2seq)")  # fmt: skip
-    parity.add_argument(
-        "--dtype",
-        choices=["float32", "float64"],
-        default="float64",
-        help="float64: agree within 1e-10 relative; float32: no worse than 4x "
-        "torch's own float32 error against a float64 run (default: float64)",
-    )
-    parity.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
-    parity.set_defaults(run=run_parity)
-
-
-def add_interchange_commands(commands) -> None:
-    export = commands.add_parser(
-        "export", help="write a checkpoint's weights as a PyTorch state_dict (.pt)",
-        description="Write model.pt, a state_dict that torch_reference loads with "
-        "torch.load(path, weights_only=True) and load_state_dict(strict=True), and model.pt.json "
-        "with the model's kind and config. Needs PyTorch (the test extra).",
-    )  # fmt: skip
-    export.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="PATH",
-        help="a checkpoint.npz, or the --out DIR of a training run",
-    )
-    export.add_argument("--to", required=True, metavar="FILE", help="the .pt file to write")
-    export.set_defaults(run=run_export)
-    imp = commands.add_parser(
-        "import", help="turn a PyTorch state_dict (.pt) into an engine checkpoint",
-        description="Load a state_dict with torch's weights-only loader (anything else is "
-        "refused) and write DIR/checkpoint.npz. Needs PyTorch (the test extra).",
-    )  # fmt: skip
-    imp.add_argument("state_dict", metavar="FILE", help="the .pt file")
-    imp.add_argument("--out", required=True, metavar="DIR", help="where checkpoint.npz goes")
-    imp.add_argument(
-        "--config",
-        metavar="JSON",
-        help="the model description (default: FILE.json, as export writes it)",
-    )
-    imp.set_defaults(run=run_import)
-
-
-def add_bench_command(commands) -> None:
-    bench = commands.add_parser(
-        "bench", help="time training steps against the PyTorch reference (needs the test extra)",
-        description="Train the engine and torch_reference side by side on the same weights and "
-        "batches, alternating, and print ms per step, the ratio, GFLOP/s against this machine's "
-        "matmul peak, and each engine's peak memory. Configs: copy, char-lm, large.",
-    )  # fmt: skip
-    bench.add_argument(
-        "--configs",
-        nargs="+",
-        choices=["copy", "char-lm", "large"],
-        default=["copy", "char-lm", "large"],
-        help="default: all three",
-    )
-    bench.add_argument(
-        "--steps",
-        type=positive_int,
-        default=40,
-        help="timed steps per config; large times a tenth (default: 40)",
-    )
-    bench.add_argument(
-        "--threads", type=positive_int, default=1, help="BLAS and torch threads (default: 1)"
-    )
-    bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
-    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    bench.set_defaults(run=run_bench)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="numpy-engine",
@@ -243,10 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_train_command(commands)
     add_generate_command(commands)
-    add_parity_command(commands)
-    add_interchange_commands(commands)
     add_study_commands(commands)
-    add_bench_command(commands)
+    for name, summary in TORCH_COMMANDS.items():  # listed in --help; run by torch_reference
+        commands.add_parser(name, help=f"{summary} (needs the test extra)", add_help=False)
     return parser
 
 
@@ -336,46 +264,23 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def needs_torch(command: str):
-    """Import what the torch-backed commands use, or explain which extra brings PyTorch."""
-    try:
-        import torch_reference.interchange
-        import torch_reference.report
-    except ImportError as error:
-        raise ValueError(f"numpy-engine {command} needs PyTorch ({error}); install the test "
-                         "extra: pip install -e '.[test]'") from None  # fmt: skip
-    return torch_reference
+def forward_to_torch_reference(argv: list[str]) -> int:
+    """Run a PyTorch-backed command as its own program, `python -m torch_reference`.
 
-
-def run_bench(args: argparse.Namespace) -> int:
-    needs_torch("bench")
-    from torch_reference.bench import main as bench_main
-
-    bench_main(args.configs, args.steps, 3, args.threads, not args.no_memory, args.json)
-    return 0
-
-
-def run_export(args: argparse.Namespace) -> int:
-    written = needs_torch("export").interchange.export_checkpoint(args.checkpoint, args.to)
-    print(f"wrote {written} and {written}.json")
-    return 0
-
-
-def run_import(args: argparse.Namespace) -> int:
-    interchange = needs_torch("import").interchange
-    written = interchange.import_state_dict(args.state_dict, args.out, args.config)
-    print(f"wrote {written}")
-    return 0
-
-
-def run_parity(args: argparse.Namespace) -> int:
-    report = needs_torch("parity").report.report
-    lines, ok = report(args.model, args.dtype, args.seed)
-    print("\n".join(lines))
-    return 0 if ok else 1
+    The engine never imports torch, not even lazily: parity, export, import and bench
+    live in torch_reference/cli.py, and this process only hands the arguments over.
+    """
+    if importlib.util.find_spec("torch") is None:
+        print(f"numpy-engine {argv[0]}: error: this command needs PyTorch; install the test "
+              "extra: pip install -e '.[test]'", file=sys.stderr)  # fmt: skip
+        return 2
+    return subprocess.run([sys.executable, "-m", "torch_reference", *argv]).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in TORCH_COMMANDS:
+        return forward_to_torch_reference(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

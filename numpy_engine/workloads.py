@@ -60,14 +60,15 @@ def engine_step(model, optimizer, batch) -> float:
     return loss
 
 
-def engine_memory_probe(name: str, steps: int, threads: int) -> None:
-    """Print the peak RSS in MiB of building and training the workload, torch never imported."""
-    from threadpoolctl import threadpool_limits
+def engine_memory_probe(name: str, steps: int) -> None:
+    """Print the peak RSS in MiB of building and training the workload, torch never imported.
 
-    with threadpool_limits(threads):
-        model, optimizer, batches = build(WORKLOADS[name], steps)
-        for batch in batches:
-            engine_step(model, optimizer, batch)
+    Run in a fresh process; its BLAS threads are set by the caller's environment
+    (OPENBLAS_NUM_THREADS and friends), read when NumPy loads.
+    """
+    model, optimizer, batches = build(WORKLOADS[name], steps)
+    for batch in batches:
+        engine_step(model, optimizer, batch)
     print(peak_rss_mb())
 
 

@@ -11,6 +11,7 @@ peak resident memory of each engine, each measured in a separate process.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -96,13 +97,20 @@ def time_config(cfg: Workload, steps: int, warmup: int) -> dict:
 def peak_memory_mb(config: str, engine: str, steps: int, threads: int) -> float:
     """Peak RSS of a fresh process that builds one engine's model and trains `steps` steps."""
     if engine == "engine":  # a process that never imports torch
-        code = ("from numpy_engine.workloads import engine_memory_probe; "
-                f"engine_memory_probe({config!r}, {steps}, {threads})")  # fmt: skip
+        probe = "from numpy_engine.workloads import engine_memory_probe as probe"
+        call = f"probe({config!r}, {steps})"
     else:
-        code = ("from torch_reference.bench import torch_memory_probe; "
-                f"torch_memory_probe({config!r}, {steps}, {threads})")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        probe = "from torch_reference.bench import torch_memory_probe as probe"
+        call = f"probe({config!r}, {steps}, {threads})"
+    code = f"{probe}; {call}"
+    env = os.environ | {name: str(threads) for name in BLAS_THREAD_VARIABLES}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     return float(out.stdout.strip().splitlines()[-1])
+
+
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def torch_memory_probe(config: str, steps: int, threads: int) -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from torch_reference.cli import main
+
+sys.exit(main())

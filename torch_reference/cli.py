@@ -1,0 +1,150 @@
+"""The PyTorch-backed commands of `numpy-engine`: parity, export, import, bench.
+
+`numpy-engine parity ...` hands its arguments to `python -m torch_reference parity ...`,
+so the engine's own process never imports torch. Run directly, this is the same program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from numpy_engine.cli import positive_int
+
+
+def add_parity_command(commands) -> None:
+    parity = commands.add_parser(
+        "parity", help="compare every gradient with the PyTorch reference on one padded batch",
+        description="Build the engine model and its PyTorch twin from one seed, run one padded "
+        "batch through both, and print each tensor's difference. Exits 1 if any row fails. "
+        "Needs the test extra (PyTorch).",
+    )  # fmt: skip
+    parity.add_argument("--model", choices=["seq2seq", "gpt"], default="seq2seq",
+                        help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT "
+                        "(default: seq2seq)")  # fmt: skip
+    parity.add_argument(
+        "--dtype",
+        choices=["float32", "float64"],
+        default="float64",
+        help="float64: agree within 1e-10 relative; float32: no worse than 4x "
+        "torch's own float32 error against a float64 run (default: float64)",
+    )
+    parity.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
+    parity.set_defaults(run=run_parity)
+
+
+def add_interchange_commands(commands) -> None:
+    export = commands.add_parser(
+        "export", help="write a checkpoint's weights as a PyTorch state_dict (.pt)",
+        description="Write model.pt, a state_dict that torch_reference loads with "
+        "torch.load(path, weights_only=True) and load_state_dict(strict=True), and model.pt.json "
+        "with the model's kind and config. Needs PyTorch (the test extra).",
+    )  # fmt: skip
+    export.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a checkpoint.npz, or the --out DIR of a training run",
+    )
+    export.add_argument("--to", required=True, metavar="FILE", help="the .pt file to write")
+    export.set_defaults(run=run_export)
+    imp = commands.add_parser(
+        "import", help="turn a PyTorch state_dict (.pt) into an engine checkpoint",
+        description="Load a state_dict with torch's weights-only loader (anything else is "
+        "refused) and write DIR/checkpoint.npz. Needs PyTorch (the test extra).",
+    )  # fmt: skip
+    imp.add_argument("state_dict", metavar="FILE", help="the .pt file")
+    imp.add_argument("--out", required=True, metavar="DIR", help="where checkpoint.npz goes")
+    imp.add_argument(
+        "--config",
+        metavar="JSON",
+        help="the model description (default: FILE.json, as export writes it)",
+    )
+    imp.set_defaults(run=run_import)
+
+
+def add_bench_command(commands) -> None:
+    bench = commands.add_parser(
+        "bench", help="time training steps against the PyTorch reference (needs the test extra)",
+        description="Train the engine and torch_reference side by side on the same weights and "
+        "batches, alternating, and print ms per step, the ratio, GFLOP/s against this machine's "
+        "matmul peak, and each engine's peak memory. Configs: copy, char-lm, large.",
+    )  # fmt: skip
+    bench.add_argument(
+        "--configs",
+        nargs="+",
+        choices=["copy", "char-lm", "large"],
+        default=["copy", "char-lm", "large"],
+        help="default: all three",
+    )
+    bench.add_argument(
+        "--steps",
+        type=positive_int,
+        default=40,
+        help="timed steps per config; large times a tenth (default: 40)",
+    )
+    bench.add_argument(
+        "--threads", type=positive_int, default=1, help="BLAS and torch threads (default: 1)"
+    )
+    bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.set_defaults(run=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from torch_reference.bench import main as bench_main
+
+    bench_main(args.configs, args.steps, 3, args.threads, not args.no_memory, args.json)
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from torch_reference.interchange import export_checkpoint
+
+    written = export_checkpoint(args.checkpoint, args.to)
+    print(f"wrote {written} and {written}.json")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from torch_reference.interchange import import_state_dict
+
+    written = import_state_dict(args.state_dict, args.out, args.config)
+    print(f"wrote {written}")
+    return 0
+
+
+def run_parity(args: argparse.Namespace) -> int:
+    from torch_reference.report import report
+
+    lines, ok = report(args.model, args.dtype, args.seed)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="numpy-engine", description="The commands that compare the engine with PyTorch."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parity_command(commands)
+    add_interchange_commands(commands)
+    add_bench_command(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, TypeError, OSError) as error:  # the user's input: a message, no traceback
+        print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
