@@ -128,11 +128,12 @@ def mha_forward(
 
 def mha_backward(dout: np.ndarray, cache: MHACache) -> tuple:
     """See docs/gradients.md#multi-head-attention. Returns (dx, dmemory, grads keyed like p)."""
-    dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # (B, Tq, C)
+    dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
+    # merge_heads was a reshape, so split_heads undoes it on the gradient
     dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
-    dx, dwq, dbq = linear_backward(merge_heads(dq), cache.q_proj)
-    dmemory_k, dwk, dbk = linear_backward(merge_heads(dk), cache.k_proj)
-    dmemory_v, dwv, dbv = linear_backward(merge_heads(dv), cache.v_proj)
+    dx, dwq, dbq = linear_backward(merge_heads(dq), cache.q_proj)  # forward was q = q_proj(x)
+    dmemory_k, dwk, dbk = linear_backward(merge_heads(dk), cache.k_proj)  # k = k_proj(memory)
+    dmemory_v, dwv, dbv = linear_backward(merge_heads(dv), cache.v_proj)  # v = v_proj(memory)
     dmemory = dmemory_k + dmemory_v  # memory fed both the keys and the values
     grads = {
         "q_proj.weight": dwq, "q_proj.bias": dbq,

@@ -186,9 +186,9 @@ def run_train(args: argparse.Namespace) -> int:
 
     stream = None if args.quiet else sys.stderr
     if args.plot:
-        from numpy_engine.plots import _figure
+        from numpy_engine.plots import check_matplotlib
 
-        _figure(1, 1)  # fail before training if matplotlib is missing
+        check_matplotlib()  # fail before training, not after
         if not (args.out or args.resume):
             raise ValueError("--plot needs --out DIR (where loss.png goes)")
     if args.checkpoint_every and not (args.out or args.resume):

@@ -103,10 +103,10 @@ def run_plot(args: argparse.Namespace) -> int:
 def run_grads(args: argparse.Namespace) -> int:
     from numpy_engine.study import gradient_study
 
-    if args.plot:  # fail before the work if matplotlib is missing
-        from numpy_engine.plots import _figure
+    if args.plot:
+        from numpy_engine.plots import check_matplotlib
 
-        _figure(1, 1)
+        check_matplotlib()  # fail before the work, not after
     loss, rows = gradient_study(args.model, args.seed, args.entries)
     print(f"{args.model}, seed {args.seed}: loss {loss:.6f} on one padded batch (float64)")
     header = (f"{'parameter':<34} {'shape':<10} {'|grad|':>10}   {'sampled entries: |grad|':>23}"

@@ -27,8 +27,7 @@ def greedy_decode(
     use_cache=False reruns the decoder on the whole prefix each step (the simple path).
     """
     _check_count("max_new_tokens", max_new_tokens, minimum=1)
-    source = checks.check_token_ids("source", source, model.config.vocab_size)
-    model.check_source(source)
+    source = model.check_source(source)  # ids in the vocabulary, no all-padding row
     decoder = (CachedSeq2SeqDecoder if use_cache else FullSeq2SeqDecoder)(model, source)
     generated = np.full((source.shape[0], max_new_tokens), PAD)
     finished = np.zeros(source.shape[0], dtype=bool)

@@ -9,7 +9,7 @@ like eps * |f| / h; h = 1e-5 with one Richardson step keeps both near 1e-10.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -91,7 +91,12 @@ def noise_floor(noise: float, count: int, h: float, headroom: float = 3e7) -> fl
     return float(headroom * noise / h * np.sqrt(count))
 
 
-def gradient_error(
+class GradientCheck(NamedTuple):
+    error: float  # the smallest relative error over the steps tried
+    numeric: np.ndarray  # the finite-difference estimate at the step that gave it
+
+
+def check_gradient(
     f: Callable[[], float],
     x: np.ndarray,
     analytic: np.ndarray,
@@ -99,7 +104,7 @@ def gradient_error(
     tolerance: float = 1e-6,
     steps: tuple[float, ...] = (1e-5, 1e-4),
     f_terms: float = 0.0,
-) -> float:
+) -> GradientCheck:
     """The smallest relative error of analytic (at indices) against finite differences over steps.
 
     A finite difference goes wrong in two ways: rounding, which shrinks as h grows (a loss
@@ -111,12 +116,14 @@ def gradient_error(
     """
     busiest = int(indices[np.argmax(np.abs(np.ravel(analytic)[indices]))])  # one f depends on
     noise = max(rounding_noise(f, x, busiest), np.finfo(np.float64).eps * f_terms)
-    best = np.inf
+    best = GradientCheck(np.inf, np.zeros(len(indices)))
     for h in steps:
         numeric = numerical_gradient(f, x, indices, h)
-        floor = noise_floor(noise, len(indices), h)
-        best = min(best, relative_error(np.ravel(analytic)[indices], numeric, floor))
-        if best < tolerance:
+        error = relative_error(
+            np.ravel(analytic)[indices], numeric, noise_floor(noise, len(indices), h)
+        )
+        best = min(best, GradientCheck(error, numeric), key=lambda check: check.error)
+        if best.error < tolerance:
             break
     return best
 

@@ -132,10 +132,12 @@ def layernorm_backward(dout: np.ndarray, cache: tuple) -> tuple:
     """See docs/gradients.md#layernorm: three terms, from xhat's direct path, the mean and the
     variance."""
     xhat, rstd, weight = cache
-    reduce_axes = tuple(range(dout.ndim - 1))
+    reduce_axes = tuple(range(dout.ndim - 1))  # weight and bias were shared by every row
+    # forward was out = xhat * weight + bias
     dweight = (dout * xhat).sum(axis=reduce_axes)
     dbias = dout.sum(axis=reduce_axes)
-    dxhat = dout * weight
+    dxhat = dout * weight  # g in docs/gradients.md
+    # forward was xhat = (x - mean) * rstd: the direct path, minus the mean's, minus the variance's
     mean_dxhat = _mean_last(dxhat)
     mean_dxhat_xhat = _mean_last(dxhat * xhat)
     dx = rstd * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
@@ -225,9 +227,9 @@ def ffn_forward(x: np.ndarray, p: dict[str, np.ndarray], activation: str) -> tup
 def ffn_backward(dout: np.ndarray, cache: FFNCache) -> tuple:
     """See docs/gradients.md#feed-forward. Returns (dx, grads keyed like p)."""
     _, act_backward = ACTIVATIONS[cache.activation]
-    da, dw2, db2 = linear_backward(dout, cache.fc2)
-    dh = act_backward(da, cache.act)
-    dx, dw1, db1 = linear_backward(dh, cache.fc1)
+    da, dw2, db2 = linear_backward(dout, cache.fc2)  # forward was out = fc2(a)
+    dh = act_backward(da, cache.act)  # forward was a = act(h)
+    dx, dw1, db1 = linear_backward(dh, cache.fc1)  # forward was h = fc1(x)
     grads = {"fc1.weight": dw1, "fc1.bias": db1, "fc2.weight": dw2, "fc2.bias": db2}
     return dx, grads
 

@@ -16,6 +16,11 @@ class MissingExtra(ValueError):
     """matplotlib is not installed."""
 
 
+def check_matplotlib() -> None:
+    """Raise MissingExtra now, before work that would end in a picture, if matplotlib is absent."""
+    _figure(1, 1)
+
+
 def _figure(width: float, height: float):
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg

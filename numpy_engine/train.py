@@ -128,12 +128,16 @@ def _loop(
     cfg,
     next_batch: Callable[[np.random.Generator], tuple],
     evaluate: Callable[[TrainState], str] | None,
-    progress: Progress,
-    save: Callable[[TrainState], None] | None,
-    checkpoint_every: int | None,
-) -> None:
-    """Steps state.step + 1 .. cfg.steps: batch, gradients, guard, clip, update, record."""
-    history, last_saved = state.history, None
+    progress_stream: TextIO | None,
+    checkpointing: Checkpointing | None,
+    meta: Callable[[TrainState], dict],
+) -> dict:
+    """Steps state.step + 1 .. cfg.steps: batch, gradients, guard, clip, update, record.
+
+    Saves a checkpoint every checkpointing.every steps; returns the run's timing.
+    """
+    history, first_step, last_saved = state.history, state.step, None
+    progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
     while state.step < cfg.steps:
         step = state.step + 1
         with np.errstate(over="ignore", invalid="ignore"):  # check_finite reports it instead
@@ -154,9 +158,14 @@ def _loop(
         history["grad_norm"].append(grad_norm)
         due = step % cfg.eval_every == 0 or step == cfg.steps
         progress.update(step, loss, evaluate(state) if evaluate and due else "")
-        if save and checkpoint_every and step % checkpoint_every == 0:
-            save(state)
+        if checkpointing and step % checkpointing.every == 0:
+            optimizer_state = state.optimizer.state_dict()
+            save_checkpoint(checkpointing.out, state.model, optimizer_state, meta(state))
             last_saved = step
+    seconds = time.perf_counter() - start
+    speed = (cfg.steps - first_step) / max(seconds, 1e-9)
+    return {"resumed_from_step": first_step, "seconds": round(seconds, 3),
+            "steps_per_second": round(speed, 1)}  # fmt: skip
 
 
 def _meta(task: str, cfg, state: TrainState, **extra) -> dict:
@@ -207,15 +216,10 @@ def train_sequence_task(
         loss, exact = evaluation["heldout_loss"], evaluation["exact_match"]
         return f"  held-out loss {loss:.4f}  exact match {exact:.3f}"
 
-    def save(state):
-        save_checkpoint(checkpointing.out, state.model, state.optimizer.state_dict(),
-                        _meta(cfg.task, cfg, state))  # fmt: skip
+    def meta(state):
+        return _meta(cfg.task, cfg, state)
 
-    start, first_step = time.perf_counter(), state.step
-    progress = Progress(cfg.steps, progress_stream, first_step)
-    every = checkpointing.every if checkpointing else None
-    _loop(state, cfg, next_batch, evaluate, progress, save if checkpointing else None, every)
-    seconds = time.perf_counter() - start
+    timing = _loop(state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta)
     final = state.history["eval"][-1]
     generated = greedy_decode(state.model, task.test.source[:3], task.test.target.shape[1])
     examples = [
@@ -224,18 +228,14 @@ def train_sequence_task(
         for i in range(3)
     ]  # fmt: skip
     result = {
-        "task": cfg.task, "seed": cfg.seed, "steps": cfg.steps, "resumed_from_step": first_step,
+        "task": cfg.task, "seed": cfg.seed, "steps": cfg.steps,
         "train_size": len(task.train), "test_size": len(task.test),
         "initial_train_loss": state.history["train_loss"][0],
         "final_train_loss": state.history["train_loss"][-1],
         "heldout_loss": final["heldout_loss"], "exact_match": final["exact_match"],
-        "seconds": round(seconds, 3),
-        "steps_per_second": round((cfg.steps - first_step) / max(seconds, 1e-9), 1),
-        "examples": examples,
+        **timing, "examples": examples,
     }  # fmt: skip
-    return TrainRun(
-        state.model, state.optimizer, result, state.history, _meta(cfg.task, cfg, state)
-    )
+    return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
 
 
 # ------------------------------------------------------------------- char LM
@@ -265,25 +265,16 @@ def train_char_lm(
     def meta(state):
         return _meta("char-lm", cfg, state, vocabulary="".join(corpus.chars), text=text)
 
-    def save(state):
-        save_checkpoint(checkpointing.out, state.model, state.optimizer.state_dict(), meta(state))
-
-    start, first_step = time.perf_counter(), state.step
-    progress = Progress(cfg.steps, progress_stream, first_step)
-    every = checkpointing.every if checkpointing else None
-    _loop(state, cfg, next_batch, None, progress, save if checkpointing else None, every)
-    seconds = time.perf_counter() - start
+    timing = _loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta)
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
     sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
     losses = state.history["train_loss"]
     result = {
-        "task": "char-lm", "seed": cfg.seed, "steps": cfg.steps, "resumed_from_step": first_step,
+        "task": "char-lm", "seed": cfg.seed, "steps": cfg.steps,
         "corpus_characters": len(corpus.ids), "vocab_size": corpus.vocab_size,
         "initial_train_loss": losses[0],
         "final_train_loss": float(np.mean(losses[-10:])),  # mean of the last 10
-        "seconds": round(seconds, 3),
-        "steps_per_second": round((cfg.steps - first_step) / max(seconds, 1e-9), 1),
-        "prompt": prompt, "greedy_sample": sample,
+        **timing, "prompt": prompt, "greedy_sample": sample,
     }  # fmt: skip
     return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
 

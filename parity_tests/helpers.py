@@ -7,7 +7,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from numpy_engine.gradcheck import gradient_error, sample_indices
+from numpy_engine.gradcheck import check_gradient, sample_indices
 from torch_reference.compare import FLOAT32_FACTOR, compare, float32_checks, float64_ok
 
 FD_TOLERANCE = 1e-6  # float64 central differences; we see ~1e-8 and below
@@ -46,10 +46,10 @@ def assert_matches_finite_differences(
     for key, x in inputs.items():
         assert analytic[key].shape == x.shape, f"{name}: d{key} has shape {analytic[key].shape}"
         indices = sample_indices(rng, x.size, entries)
-        error = gradient_error(
+        error = check_gradient(
             lambda: float(np.sum(forward(inputs)[0] * dout)),
             x, analytic[key], indices, FD_TOLERANCE, f_terms=f_terms,
-        )  # fmt: skip
+        ).error  # fmt: skip
         record(name, error)
         assert error < FD_TOLERANCE, (
             f"{name}: d{key} differs from finite differences, relative error {error:.3e}"

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import example, given
 
 import numpy_engine as ne
-from numpy_engine.gradcheck import gradient_error, sample_indices
+from numpy_engine.gradcheck import check_gradient, sample_indices
 from parity_tests.helpers import FD_TOLERANCE, record
 from parity_tests.strategies import (
     SMALLEST_GPT,
@@ -26,7 +26,7 @@ ENTRIES_PER_TENSOR = 6
 def assert_loss_gradients_match_fd(name, model, loss_fn, grads, rng):
     for key, param in model.params.items():
         indices = sample_indices(rng, param.size, ENTRIES_PER_TENSOR)
-        error = gradient_error(loss_fn, param, grads[key], indices, FD_TOLERANCE)
+        error = check_gradient(loss_fn, param, grads[key], indices, FD_TOLERANCE).error
         record(name, error)
         assert error < FD_TOLERANCE, (
             f"{name}: d{key} relative error {error:.3e} vs finite differences"
@@ -34,7 +34,7 @@ def assert_loss_gradients_match_fd(name, model, loss_fn, grads, rng):
 
 
 # Taught us that a loss can round at ~400x eps * |loss|: at h = 1e-5 the finite
-# difference was off by 8e-9; see gradient_error's second step.
+# difference was off by 8e-9; see check_gradient's second step.
 ROUNDING_HEAVY_SEQ2SEQ = Seq2SeqCase(
     ne.Seq2SeqConfig(
         vocab_size=9, d_model=2, n_heads=1, d_ff=2, n_decoder_layers=2, dtype="float64"
