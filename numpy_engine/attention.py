@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine.layers import linear_backward, linear_forward
+from numpy_engine.reductions import dot_last, sum_last
 
 # ------------------------------------------------------------------------------ masks
 
@@ -44,8 +45,35 @@ def check_every_row_sees_a_key(visible: np.ndarray, scores_shape: tuple) -> None
 # --------------------------------------------------------- scaled dot-product attention
 
 
+SAFE_EXP_MAX = 60.0  # exp(60) ~ 1e26: even 1e10 of them sum below float32's 3e38
+MIN_ROW_SUM = 1e-8  # rows summing below this take the textbook path (see softmax_last)
+
+
+def softmax_last(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; entries at -inf get exactly 0. Overwrites scores.
+
+    Softmax is unchanged by subtracting anything per row; the textbook subtracts each
+    row's max, only so that exp cannot overflow. NumPy's row max over a short last axis
+    is slow (a (4096, 32) array: 0.5 ms, more than the exp), so when no score exceeds 60
+    the max is skipped: exp cannot overflow, and if also every row's sum is at least 1e-8
+    (its largest score is not far below zero) no entry that underflowed could have
+    mattered. Otherwise, or on NaN, the textbook path runs. Which path runs depends only
+    on the finite scores, so hidden entries still cannot change the result.
+    """
+    if np.max(scores) <= SAFE_EXP_MAX:
+        weights = np.exp(scores)
+        sums = sum_last(weights)  # (..., 1)
+        if np.min(sums) >= MIN_ROW_SUM:
+            weights /= sums
+            return weights
+    scores -= scores.max(axis=-1, keepdims=True)  # each row has a finite max: it sees a key
+    weights = np.exp(scores, out=scores)
+    weights /= sum_last(weights)
+    return weights
+
+
 class AttentionCache(NamedTuple):
-    q: np.ndarray  # (B, H, Tq, hs)
+    q_scaled: np.ndarray  # (B, H, Tq, hs), q / sqrt(hs)
     k: np.ndarray  # (B, H, Tk, hs)
     v: np.ndarray  # (B, H, Tk, hs)
     weights: np.ndarray  # (B, H, Tq, Tk), rows sum to 1, hidden entries exactly 0
@@ -55,90 +83,140 @@ def attention_forward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None
 ) -> tuple:
     """y = softmax(q k^T / sqrt(hs), hidden keys at -inf) v."""
-    scale = 1.0 / math.sqrt(q.shape[-1])  # a Python float keeps float32 float32
-    scores = (q @ k.swapaxes(-1, -2)) * scale  # (B, H, Tq, Tk)
+    q_scaled = q * (1.0 / math.sqrt(q.shape[-1]))  # scale q, not the larger scores; a Python
+    scores = q_scaled @ k.swapaxes(-1, -2)  # float keeps float32 float32. (B, H, Tq, Tk)
     if visible is not None:
         check_every_row_sees_a_key(visible, scores.shape)
         np.copyto(scores, -np.inf, where=~visible)  # far cheaper than scores[~visible] = -inf
-    scores -= scores.max(axis=-1, keepdims=True)  # each row has a finite max: it sees a key
-    weights = np.exp(scores)  # exp(-inf) = 0 exactly
-    weights /= weights.sum(axis=-1, keepdims=True)
+    weights = softmax_last(scores)  # hidden entries get exactly 0
     y = weights @ v  # (B, H, Tq, hs)
-    return y, AttentionCache(q, k, v, weights)
+    return y, AttentionCache(q_scaled, k, v, weights)
 
 
 def attention_backward(dy: np.ndarray, cache: AttentionCache) -> tuple:
     """See docs/gradients.md#attention. Returns (dq, dk, dv)."""
-    q, k, v, weights = cache
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    q_scaled, k, v, weights = cache
+    scale = 1.0 / math.sqrt(q_scaled.shape[-1])
     # forward was y = weights @ v
     dweights = dy @ v.swapaxes(-1, -2)  # (B, H, Tq, Tk)
     dv = weights.swapaxes(-1, -2) @ dy  # (B, H, Tk, hs)
     # softmax Jacobian per row: dscores = w * (dw - sum(dw * w)); hidden w = 0 gives 0
-    dscores = weights * (dweights - (dweights * weights).sum(axis=-1, keepdims=True))
-    # forward was scores = q @ k^T * scale
-    dq = (dscores @ k) * scale  # (B, H, Tq, hs)
-    dk = (dscores.swapaxes(-1, -2) @ q) * scale  # (B, H, Tk, hs)
+    dscores = dweights
+    dscores -= dot_last(dweights, weights)  # in place: dweights is not needed again
+    dscores *= weights
+    # forward was scores = (q * scale) @ k^T
+    dq = dscores @ k
+    dq *= scale  # (B, H, Tq, hs)
+    dk = dscores.swapaxes(-1, -2) @ q_scaled  # (B, H, Tk, hs)
     return dq, dk, dv
 
 
 # ----------------------------------------------------------------- multi-head attention
 
 
-def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
-    B, T, C = x.shape
-    return x.reshape(B, T, n_heads, C // n_heads).transpose(0, 2, 1, 3)  # (B, H, T, hs)
+def split_heads(x: np.ndarray, n_heads: int, n_parts: int = 1) -> np.ndarray:
+    """(B, T, n_parts * C) -> (B, H, T, hs) views, one per part (a tuple when n_parts > 1)."""
+    B, T, width = x.shape
+    hs = width // (n_parts * n_heads)
+    parts = x.reshape(B, T, n_parts, n_heads, hs).transpose(2, 0, 3, 1, 4)  # (parts, B, H, T, hs)
+    return parts[0] if n_parts == 1 else tuple(parts)
 
 
-def merge_heads(x: np.ndarray) -> np.ndarray:
-    B, H, T, hs = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, T, H * hs)  # (B, T, C)
+def merge_heads(*parts: np.ndarray) -> np.ndarray:
+    """(B, H, T, hs) arrays -> (B, T, len(parts) * C): heads side by side, then parts."""
+    B, H, T, hs = parts[0].shape
+    out = np.empty((B, T, len(parts), H, hs), dtype=parts[0].dtype)
+    for i, part in enumerate(parts):
+        out[:, :, i] = part.transpose(0, 2, 1, 3)
+    return out.reshape(B, T, len(parts) * H * hs)
 
 
-class MHACache(NamedTuple):
-    q_proj: tuple
-    k_proj: tuple
-    v_proj: tuple
+def _stacked(p: dict[str, np.ndarray], names: tuple[str, ...]) -> tuple:
+    """Several projections as one: weights stacked row-wise (len(names) * C, C), biases joined.
+
+    x @ [Wq; Wk; Wv].T is [x @ Wq.T, x @ Wk.T, x @ Wv.T] side by side: one matmul
+    instead of three, and in the backward one matmul sums the three input gradients.
+    """
+    weight = np.concatenate([p[f"{name}.weight"] for name in names])
+    bias = np.concatenate([p[f"{name}.bias"] for name in names])
+    return weight, bias
+
+
+def _unstacked(dweight: np.ndarray, dbias: np.ndarray, names: tuple[str, ...]) -> dict:
+    """The stacked projection's gradients, split back into each projection's."""
+    grads = {}
+    for name, dw, db in zip(names, np.split(dweight, len(names)), np.split(dbias, len(names)),
+                            strict=True):  # fmt: skip
+        grads[f"{name}.weight"], grads[f"{name}.bias"] = dw, db
+    return grads
+
+
+QKV = ("q_proj", "k_proj", "v_proj")
+KV = ("k_proj", "v_proj")
+
+
+class SelfAttentionCache(NamedTuple):
+    qkv_proj: tuple
     attention: AttentionCache
     out_proj: tuple
     n_heads: int
 
 
-def mha_forward(
+def self_attention_forward(
+    x: np.ndarray, p: dict[str, np.ndarray], n_heads: int, visible: np.ndarray | None
+) -> tuple:
+    """Multi-head attention of x (B, T, C) over itself. p holds {q,k,v,out}_proj.{weight,bias}.
+
+    The three input projections run as one matmul with their weights stacked.
+    """
+    qkv, qkv_cache = linear_forward(x, *_stacked(p, QKV))  # (B, T, 3C)
+    q, k, v = split_heads(qkv, n_heads, n_parts=3)  # (B, H, T, hs) each
+    y, attn_cache = attention_forward(q, k, v, visible)  # (B, H, T, hs)
+    out, out_cache = linear_forward(merge_heads(y), p["out_proj.weight"], p["out_proj.bias"])
+    return out, SelfAttentionCache(qkv_cache, attn_cache, out_cache, n_heads)
+
+
+def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tuple:
+    """See docs/gradients.md#multi-head-attention. Returns (dx, grads keyed like p)."""
+    dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
+    # merge_heads was a reshape, so split_heads undoes it on the gradient
+    dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
+    # x fed the queries, keys and values: the stacked matmul adds the three paths
+    dx, dw, db = linear_backward(merge_heads(dq, dk, dv), cache.qkv_proj)
+    return dx, _unstacked(dw, db, QKV) | {"out_proj.weight": dwo, "out_proj.bias": dbo}
+
+
+class CrossAttentionCache(NamedTuple):
+    q_proj: tuple
+    kv_proj: tuple
+    attention: AttentionCache
+    out_proj: tuple
+    n_heads: int
+
+
+def cross_attention_forward(
     x: np.ndarray,
     memory: np.ndarray,
     p: dict[str, np.ndarray],
     n_heads: int,
     visible: np.ndarray | None,
 ) -> tuple:
-    """Queries from x (B, Tq, C); keys and values from memory (B, Tk, C).
-
-    Self-attention passes the same array as x and memory; cross-attention passes
-    the encoder output as memory. p holds {q,k,v,out}_proj.{weight,bias}.
-    """
+    """Queries from x (B, Tq, C); keys and values from memory (B, Tk, C), the encoder's
+    output. p holds {q,k,v,out}_proj.{weight,bias}; keys and values share one matmul."""
     q, q_cache = linear_forward(x, p["q_proj.weight"], p["q_proj.bias"])  # (B, Tq, C)
-    k, k_cache = linear_forward(memory, p["k_proj.weight"], p["k_proj.bias"])  # (B, Tk, C)
-    v, v_cache = linear_forward(memory, p["v_proj.weight"], p["v_proj.bias"])  # (B, Tk, C)
-    y, attn_cache = attention_forward(
-        split_heads(q, n_heads), split_heads(k, n_heads), split_heads(v, n_heads), visible
-    )  # (B, H, Tq, hs)
+    kv, kv_cache = linear_forward(memory, *_stacked(p, KV))  # (B, Tk, 2C)
+    k, v = split_heads(kv, n_heads, n_parts=2)  # (B, H, Tk, hs) each
+    y, attn_cache = attention_forward(split_heads(q, n_heads), k, v, visible)  # (B, H, Tq, hs)
     out, out_cache = linear_forward(merge_heads(y), p["out_proj.weight"], p["out_proj.bias"])
-    return out, MHACache(q_cache, k_cache, v_cache, attn_cache, out_cache, n_heads)
+    return out, CrossAttentionCache(q_cache, kv_cache, attn_cache, out_cache, n_heads)
 
 
-def mha_backward(dout: np.ndarray, cache: MHACache) -> tuple:
+def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tuple:
     """See docs/gradients.md#multi-head-attention. Returns (dx, dmemory, grads keyed like p)."""
     dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
-    # merge_heads was a reshape, so split_heads undoes it on the gradient
     dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
     dx, dwq, dbq = linear_backward(merge_heads(dq), cache.q_proj)  # forward was q = q_proj(x)
-    dmemory_k, dwk, dbk = linear_backward(merge_heads(dk), cache.k_proj)  # k = k_proj(memory)
-    dmemory_v, dwv, dbv = linear_backward(merge_heads(dv), cache.v_proj)  # v = v_proj(memory)
-    dmemory = dmemory_k + dmemory_v  # memory fed both the keys and the values
-    grads = {
-        "q_proj.weight": dwq, "q_proj.bias": dbq,
-        "k_proj.weight": dwk, "k_proj.bias": dbk,
-        "v_proj.weight": dwv, "v_proj.bias": dbv,
-        "out_proj.weight": dwo, "out_proj.bias": dbo,
-    }  # fmt: skip
-    return dx, dmemory, grads
+    # memory fed the keys and the values: the stacked matmul adds the two paths
+    dmemory, dw, db = linear_backward(merge_heads(dk, dv), cache.kv_proj)
+    grads = {"q_proj.weight": dwq, "q_proj.bias": dbq, **_unstacked(dw, db, KV)}
+    return dx, dmemory, grads | {"out_proj.weight": dwo, "out_proj.bias": dbo}

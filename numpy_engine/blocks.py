@@ -11,7 +11,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_engine.attention import mha_backward, mha_forward
+from numpy_engine.attention import (
+    cross_attention_backward,
+    cross_attention_forward,
+    self_attention_backward,
+    self_attention_forward,
+)
 from numpy_engine.layers import ffn_backward, ffn_forward, layernorm_backward, layernorm_forward
 
 
@@ -52,7 +57,7 @@ def self_attention_block_forward(
     h = x + attn(ln1(x)); out = h + ffn(ln2(h)). x (B, T, C) -> (B, T, C).
     """
     xn, ln1 = _layernorm(x, p, "ln1")
-    a, attn = mha_forward(xn, xn, sub(p, "attn."), n_heads, visible)  # (B, T, C)
+    a, attn = self_attention_forward(xn, sub(p, "attn."), n_heads, visible)  # (B, T, C)
     h = x + a
     hn, ln2 = _layernorm(h, p, "ln2")
     f, ffn = ffn_forward(hn, sub(p, "ffn."), activation)  # (B, T, C)
@@ -65,8 +70,7 @@ def self_attention_block_backward(dout: np.ndarray, cache: SelfBlockCache) -> tu
     grads: dict[str, np.ndarray] = {}
     dhn, ffn_grads = ffn_backward(dout, cache.ffn)
     dh = dout + _layernorm_back(dhn, cache.ln2, "ln2", grads)  # h fed the skip and the FFN
-    dxn_q, dxn_kv, attn_grads = mha_backward(dh, cache.attn)
-    dxn = dxn_q + dxn_kv  # xn fed the queries and the keys/values
+    dxn, attn_grads = self_attention_backward(dh, cache.attn)  # sums the q, k and v paths
     dx = dh + _layernorm_back(dxn, cache.ln1, "ln1", grads)  # x fed the skip and attention
     grads.update(with_prefix(attn_grads, "attn."))
     grads.update(with_prefix(ffn_grads, "ffn."))
@@ -99,10 +103,12 @@ def decoder_block_forward(
     h1 = y + self_attn(ln1(y)); h2 = h1 + cross_attn(ln2(h1), memory); out = h2 + ffn(ln3(h2)).
     """
     yn, ln1 = _layernorm(y, p, "ln1")
-    a, self_attn = mha_forward(yn, yn, sub(p, "self_attn."), n_heads, self_visible)
+    a, self_attn = self_attention_forward(yn, sub(p, "self_attn."), n_heads, self_visible)
     h1 = y + a  # (B, T, C)
     h1n, ln2 = _layernorm(h1, p, "ln2")
-    c, cross_attn = mha_forward(h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible)
+    c, cross_attn = cross_attention_forward(
+        h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible
+    )
     h2 = h1 + c  # (B, T, C)
     h2n, ln3 = _layernorm(h2, p, "ln3")
     f, ffn = ffn_forward(h2n, sub(p, "ffn."), activation)
@@ -115,10 +121,9 @@ def decoder_block_backward(dout: np.ndarray, cache: DecoderBlockCache) -> tuple:
     grads: dict[str, np.ndarray] = {}
     dh2n, ffn_grads = ffn_backward(dout, cache.ffn)
     dh2 = dout + _layernorm_back(dh2n, cache.ln3, "ln3", grads)  # h2 fed the skip and the FFN
-    dh1n, dmemory, cross_grads = mha_backward(dh2, cache.cross_attn)
+    dh1n, dmemory, cross_grads = cross_attention_backward(dh2, cache.cross_attn)
     dh1 = dh2 + _layernorm_back(dh1n, cache.ln2, "ln2", grads)  # h1 fed the skip and cross-attn
-    dyn_q, dyn_kv, self_grads = mha_backward(dh1, cache.self_attn)
-    dyn = dyn_q + dyn_kv  # yn fed the queries and the keys/values
+    dyn, self_grads = self_attention_backward(dh1, cache.self_attn)  # sums q, k and v paths
     dy = dh1 + _layernorm_back(dyn, cache.ln1, "ln1", grads)  # y fed the skip and self-attn
     grads.update(with_prefix(self_grads, "self_attn."))
     grads.update(with_prefix(cross_grads, "cross_attn."))

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
+
 # ----------------------------------------------------------------------------- linear
 
 
@@ -35,7 +37,7 @@ def linear_backward(dout: np.ndarray, cache: tuple) -> tuple:
     x2 = x.reshape(-1, x.shape[-1])  # (N, in)
     dx = (dout2 @ weight).reshape(x.shape)  # forward was x @ W.T, so dx = dout @ W
     dweight = dout2.T @ x2  # (out, in)
-    dbias = dout2.sum(axis=0)  # the bias was broadcast over all N rows
+    dbias = sum_leading(dout2)  # the bias was broadcast over all N rows
     return dx, dweight, dbias
 
 
@@ -100,30 +102,26 @@ def learned_positions_forward(x: np.ndarray, weight: np.ndarray) -> tuple:
 def learned_positions_backward(dout: np.ndarray, cache: tuple) -> tuple:
     """See docs/gradients.md#positions. Row t was added to every batch row."""
     weight_shape = cache
+    B, T, C = dout.shape
     dweight = np.zeros(weight_shape, dtype=dout.dtype)
-    dweight[: dout.shape[1]] = dout.sum(axis=0)  # rows past T were unused: zero
+    dweight[:T] = sum_leading(dout.reshape(B, T * C)).reshape(T, C)  # rows past T: unused, zero
     return dout.copy(), dweight
 
 
 # -------------------------------------------------------------------------- layernorm
 
 
-def _mean_last(x: np.ndarray) -> np.ndarray:
-    """x.mean(axis=-1, keepdims=True) without ndarray.mean's Python-level wrapper, which
-    costs ~10 us a call: layernorm takes four means a step, and small models feel it."""
-    return np.add.reduce(x, axis=-1, keepdims=True) / x.shape[-1]
-
-
 def layernorm_forward(
     x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5
 ) -> tuple:
     """Normalise the last axis with the biased variance, then scale and shift."""
-    mean = _mean_last(x)  # (..., 1)
-    xc = x - mean
-    var = _mean_last(xc * xc)  # biased, as torch.nn.LayerNorm
+    xc = x - mean_last(x)  # (..., C)
+    var = dot_last(xc, xc) * (1.0 / x.shape[-1])  # (..., 1) biased, as torch.nn.LayerNorm
     rstd = 1.0 / np.sqrt(var + eps)  # (..., 1)
-    xhat = xc * rstd  # (..., C)
-    out = xhat * weight + bias
+    xhat = xc
+    xhat *= rstd  # (..., C), in place: xc is not needed again
+    out = xhat * weight
+    out += bias
     cache = (xhat, rstd, weight)
     return out, cache
 
@@ -132,15 +130,16 @@ def layernorm_backward(dout: np.ndarray, cache: tuple) -> tuple:
     """See docs/gradients.md#layernorm: three terms, from xhat's direct path, the mean and the
     variance."""
     xhat, rstd, weight = cache
-    reduce_axes = tuple(range(dout.ndim - 1))  # weight and bias were shared by every row
-    # forward was out = xhat * weight + bias
-    dweight = (dout * xhat).sum(axis=reduce_axes)
-    dbias = dout.sum(axis=reduce_axes)
+    # forward was out = xhat * weight + bias; weight and bias were shared by every row
+    dweight = sum_leading(dout * xhat)
+    dbias = sum_leading(dout)
     dxhat = dout * weight  # g in docs/gradients.md
     # forward was xhat = (x - mean) * rstd: the direct path, minus the mean's, minus the variance's
-    mean_dxhat = _mean_last(dxhat)
-    mean_dxhat_xhat = _mean_last(dxhat * xhat)
-    dx = rstd * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)
+    mean_dxhat_xhat = dot_last(dxhat, xhat) * (1.0 / xhat.shape[-1])  # (..., 1)
+    dx = dxhat
+    dx -= mean_last(dxhat)  # in place from here: dxhat is not needed again
+    dx -= xhat * mean_dxhat_xhat
+    dx *= rstd
     return dx, dweight, dbias
 
 
@@ -165,36 +164,33 @@ _GELU_A = 0.044715
 def gelu_forward(x: np.ndarray) -> tuple:
     """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh".
 
-    Written in place on two buffers: on (B*T, F) arrays each fresh temporary costs
-    about as much as the arithmetic (x**3 would also call pow, ~100x slower than x*x*x).
+    Written in place on two buffers: on (B*T, F) arrays each pass over memory costs
+    about as much as the arithmetic (and x**3 would call pow, ~100x slower than x*x*x).
     """
-    t = x * x
-    t *= _GELU_A
-    t += 1.0
-    t *= x
-    t *= _GELU_K  # k (x + a x^3) = k x (1 + a x^2)
-    np.tanh(t, out=t)
-    out = t + 1.0
-    out *= x
-    out *= 0.5
-    cache = (x, t)
+    u = x * x
+    u *= _GELU_K * _GELU_A
+    u += _GELU_K
+    u *= x  # k (x + a x^3) = x (k + k a x^2)
+    np.tanh(u, out=u)
+    u += 1.0  # 1 + t, t = tanh(...): the backward needs it too
+    out = x * 0.5
+    out *= u
+    cache = (x, u)
     return out, cache
 
 
 def gelu_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
-    """See docs/gradients.md#gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)."""
-    x, t = cache
+    """See docs/gradients.md#gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), factored as
+    (1 + t) (0.5 + (1 - t) 0.5 x k (1 + 3 a x^2)) since 1 - t^2 = (1 + t)(1 - t)."""
+    x, one_plus_t = cache
     inner = x * x
-    inner *= 3.0 * _GELU_A
-    inner += 1.0
-    inner *= x
-    inner *= _GELU_K  # x k (1 + 3 a x^2) = x d/dx[k (x + a x^3)]
-    dx = t * t
-    np.subtract(1.0, dx, out=dx)  # tanh' = 1 - t^2
+    inner *= 1.5 * _GELU_K * _GELU_A
+    inner += 0.5 * _GELU_K
+    inner *= x  # 0.5 x k (1 + 3 a x^2)
+    dx = np.subtract(2.0, one_plus_t)  # 1 - t
     dx *= inner
-    dx += t
-    dx += 1.0
-    dx *= 0.5  # product rule: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)
+    dx += 0.5
+    dx *= one_plus_t
     dx *= dout
     return dx
 
@@ -258,8 +254,10 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     n_counted = int(counted.sum())
     if n_counted == 0:
         raise ValueError(f"targets: every target equals ignore_index={ignore_index}; no loss")
-    shifted = logits2 - logits2.max(axis=-1, keepdims=True)  # for a safe exp
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # (N, V)
+    # shifting by the row max makes the largest term exp(0) = 1: no overflow, and no
+    # cancellation in log_probs when one class dominates (unlike attention's softmax)
+    shifted = logits2 - logits2.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(sum_last(np.exp(shifted)))  # (N, V)
     safe_targets = np.where(counted, flat_targets, 0)  # ignored rows read class 0, then drop
     picked = log_probs[np.arange(len(flat_targets)), safe_targets]  # (N,)
     loss = -(picked * counted).sum() / n_counted
@@ -274,6 +272,6 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray
     # p_y - 1 computed as minus the other classes' mass: when the model is confident,
     # p_y rounds near 1 and p_y - 1 would cancel to a few correct digits (float32).
     dlogits[rows, safe_targets] = 0.0
-    dlogits[rows, safe_targets] = -dlogits.sum(axis=-1)
+    dlogits[rows, safe_targets] = -sum_last(dlogits)[:, 0]
     dlogits *= (dloss / n_counted) * counted[:, None]  # ignored rows get exactly 0
     return dlogits.reshape(logits_shape)

@@ -272,11 +272,11 @@ def test_multi_head_self_attention(B, H, T, hs, causal, seed):
     inputs = {"x": normal(rng, B, T, H * hs), **attention_params(rng, H * hs)}
 
     def forward(i):
-        return A.mha_forward(i["x"], i["x"], params_of(i, "x"), H, visible)
+        return A.self_attention_forward(i["x"], params_of(i, "x"), H, visible)
 
     def backward(dout, cache):
-        dx_q, dx_kv, grads = A.mha_backward(dout, cache)
-        return {"x": dx_q + dx_kv, **grads}  # x fed the queries and the keys/values
+        dx, grads = A.self_attention_backward(dout, cache)
+        return {"x": dx, **grads}
 
     def torch_forward(t):
         module = TM.MultiHeadAttention(H * hs, H)
@@ -294,10 +294,12 @@ def test_multi_head_cross_attention(B, H, T, S, hs, seed):
     inputs = {"x": normal(rng, B, T, C), "memory": normal(rng, B, S, C), **attention_params(rng, C)}
 
     def forward(i):
-        return A.mha_forward(i["x"], i["memory"], params_of(i, "x", "memory"), H, visible)
+        return A.cross_attention_forward(
+            i["x"], i["memory"], params_of(i, "x", "memory"), H, visible
+        )
 
     def backward(dout, cache):
-        dx, dmemory, grads = A.mha_backward(dout, cache)
+        dx, dmemory, grads = A.cross_attention_backward(dout, cache)
         return {"x": dx, "memory": dmemory, **grads}
 
     def torch_forward(t):
