@@ -143,11 +143,12 @@ def _stacked(p: dict[str, np.ndarray], names: tuple[str, ...]) -> tuple:
 
 
 def _unstacked(dweight: np.ndarray, dbias: np.ndarray, names: tuple[str, ...]) -> dict:
-    """The stacked projection's gradients, split back into each projection's."""
+    """The stacked projection's gradients, split back into each projection's (row blocks)."""
+    C = dweight.shape[0] // len(names)
     grads = {}
-    for name, dw, db in zip(names, np.split(dweight, len(names)), np.split(dbias, len(names)),
-                            strict=True):  # fmt: skip
-        grads[f"{name}.weight"], grads[f"{name}.bias"] = dw, db
+    for i, name in enumerate(names):
+        grads[f"{name}.weight"] = dweight[i * C : (i + 1) * C]
+        grads[f"{name}.bias"] = dbias[i * C : (i + 1) * C]
     return grads
 
 

@@ -10,6 +10,7 @@ N = B * T rows once the leading axes are flattened.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -70,14 +71,19 @@ def embedding_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
 # -------------------------------------------------------------------------- positions
 
 
+@functools.lru_cache(maxsize=32)
 def sinusoidal_table(max_len: int, channels: int, dtype: np.dtype | str) -> np.ndarray:
-    """pe[p, 2i] = sin(p / 10000^(2i/C)), pe[p, 2i+1] = cos(p / 10000^(2i/C))."""
+    """pe[p, 2i] = sin(p / 10000^(2i/C)), pe[p, 2i+1] = cos(p / 10000^(2i/C)).
+
+    Read-only and cached: every forward of the same shape adds the same constant table."""
     position = np.arange(max_len, dtype=np.float64)[:, None]  # (T, 1)
     inv_freq = np.exp(np.arange(0, channels, 2) * (-math.log(10000.0) / channels))  # (ceil(C/2),)
     table = np.zeros((max_len, channels))
     table[:, 0::2] = np.sin(position * inv_freq)
     table[:, 1::2] = np.cos(position * inv_freq[: channels // 2])
-    return table.astype(dtype)  # (T, C)
+    table = table.astype(dtype)  # (T, C)
+    table.flags.writeable = False  # shared by every caller
+    return table
 
 
 def sinusoidal_forward(x: np.ndarray) -> tuple:

@@ -14,7 +14,7 @@ import numpy as np
 
 def flatten(arrays: dict[str, np.ndarray]) -> np.ndarray:
     """All arrays, raveled and concatenated in key order: one call instead of one per tensor."""
-    return np.concatenate([a.reshape(-1) for a in arrays.values()])
+    return np.concatenate(list(arrays.values()), axis=None)  # axis=None ravels each
 
 
 def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -34,21 +34,19 @@ def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> tuple[dict,
     is not modified. The norm is summed in float64 over one flat copy of all gradients.
     """
     flat = flatten(grads)
-    total_norm = math.sqrt(
-        float(
-            np.dot(
-                flat,
-                flat.astype(np.float64, copy=False)
-                if flat.dtype == np.float64
-                else flat.astype(np.float64),
-            )
-        )
-    )
+    total_norm, clipped = clip_flat(flat, max_norm)
+    return (unflatten(flat, grads) if clipped else dict(grads)), total_norm
+
+
+def clip_flat(flat: np.ndarray, max_norm: float) -> tuple[float, bool]:
+    """clip_grad_norm on one flat gradient vector, scaled in place: (norm before, clipped?)."""
+    flat64 = flat if flat.dtype == np.float64 else flat.astype(np.float64)
+    total_norm = math.sqrt(float(np.dot(flat64, flat64)))
     coef = max_norm / (total_norm + 1e-6)
     if coef >= 1.0:
-        return dict(grads), total_norm
+        return total_norm, False
     flat *= flat.dtype.type(coef)
-    return unflatten(flat, grads), total_norm
+    return total_norm, True
 
 
 class Optimizer:
@@ -75,16 +73,27 @@ class Optimizer:
         self._views = dict(params)  # the arrays seen at construction
         self._buffer = _shared_buffer(params)
 
-    def step(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> None:
+    def step(
+        self,
+        params: dict[str, np.ndarray],
+        grads: dict[str, np.ndarray],
+        max_grad_norm: float | None = None,
+    ) -> float | None:
+        """Update params in place from grads. With max_grad_norm, first clip the gradients as
+        clip_grad_norm does (on the flat copy this step makes anyway) and return their norm
+        before clipping; grads itself is never modified."""
         if list(grads) != self.keys or list(params) != self.keys:
             raise ValueError("params and grads must have exactly the optimizer's keys, in order")
         self.step_count += 1
         in_place = self._buffer is not None and all(params[k] is self._views[k] for k in self.keys)
         flat_params = self._buffer if in_place else flatten(params)
-        self._update(flat_params, flatten(grads))
+        flat_grads = flatten(grads)
+        norm = None if max_grad_norm is None else clip_flat(flat_grads, max_grad_norm)[0]
+        self._update(flat_params, flat_grads)
         if not in_place:
             for key, value in unflatten(flat_params, params).items():
                 params[key][...] = value
+        return norm
 
     def _update(self, param: np.ndarray, grad: np.ndarray) -> None:
         raise NotImplementedError

@@ -21,8 +21,9 @@ import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.generate import generate, greedy_decode
+from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
-from numpy_engine.optim import Adam, AdamW, Optimizer, clip_grad_norm
+from numpy_engine.optim import Adam, AdamW, Optimizer
 from numpy_engine.tasks import DEFAULT_TEXT, EOS, PAD, CharCorpus, Split, sequence_task
 
 
@@ -136,6 +137,7 @@ def _loop(
 
     Saves a checkpoint every checkpointing.every steps; returns the run's timing.
     """
+    keep_freed_memory()  # each step reuses the last one's pages (see numpy_engine/memory.py)
     history, first_step, last_saved = state.history, state.step, None
     progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
     while state.step < cfg.steps:
@@ -150,8 +152,7 @@ def _loop(
             raise TrainingDiverged(
                 f"{error}; the checkpoint of step {last_saved} is intact"
             ) from None
-        grads, grad_norm = clip_grad_norm(grads, cfg.clip)
-        state.optimizer.step(state.model.params, grads)
+        grad_norm = state.optimizer.step(state.model.params, grads, max_grad_norm=cfg.clip)
         state.step = step
         history["step"].append(step)
         history["train_loss"].append(loss)

@@ -22,6 +22,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from numpy_engine import workloads
+from numpy_engine.memory import keep_freed_memory
 from numpy_engine.workloads import WORKLOADS as CONFIGS
 from numpy_engine.workloads import Workload, engine_step, peak_rss_mb
 from torch_reference.convert import tensor, torch_model_for
@@ -114,6 +115,7 @@ BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THR
 
 
 def torch_memory_probe(config: str, steps: int, threads: int) -> None:
+    keep_freed_memory()  # as the engine's probe does
     torch.set_num_threads(threads)
     with threadpool_limits(threads):
         model, _, batches, torch_optimizer_class = build(CONFIGS[config], steps)
@@ -126,6 +128,7 @@ def torch_memory_probe(config: str, steps: int, threads: int) -> None:
 
 
 def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool) -> dict:
+    keep_freed_memory()  # process-wide: the same allocator settings for both engines
     torch.set_num_threads(threads)
     with threadpool_limits(threads):
         peak = matmul_peak_gflops()

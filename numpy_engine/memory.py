@@ -1,0 +1,33 @@
+"""Keep freed memory for reuse: a training step allocates and frees the same arrays every step.
+
+glibc's malloc hands arrays above a threshold back to the operating system when they are
+freed (and trims the heap when its free top grows), so the next step's arrays of the same
+sizes arrive as fresh pages, each zeroed by the kernel on first touch. On this project's
+machines that was ~4,700 page faults and 9 ms of system time per char-lm step (a fifth of
+the step), where PyTorch's allocator had ~240. Raising the two thresholds keeps the memory
+in the process: a step then reuses the last step's pages. The peak stays the same; the
+process just does not shrink between steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+_M_TRIM_THRESHOLD = -1  # from glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's ceiling on 64-bit: larger arrays are still mmapped
+_TRIM_THRESHOLD = 2**30
+
+
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to keep freed memory for reuse. Process-wide, so it helps every
+    library in the process (PyTorch too). Returns False, changing nothing, where there is no
+    glibc (macOS, musl): there the allocator is left as it is."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    trimmed = mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    mapped = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+    return bool(trimmed and mapped)
