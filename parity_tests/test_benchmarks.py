@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from benchmarks import generate as generate_benchmark
 from benchmarks import train_step
+from numpy_engine import GPTConfig, MiniGPT
 from numpy_engine.cli import main
+from torch_reference.bench import CONFIGS, flops_per_step
+from torch_reference.matmul_floor import gpt_step_matmuls
 
 
 def test_generation_benchmark_runs_and_all_paths_agree(capsys):
@@ -22,7 +29,25 @@ def test_train_step_benchmark_one_step_smoke(capsys):
         row = summary["configs"][name]
         assert row["engine_ms"] > 0 and row["torch_ms"] > 0 and row["flops_per_step"] > 0
         assert row["engine_peak_mb"] > 0 and row["torch_peak_mb"] > 0
-    assert "ratio" in capsys.readouterr().out
+    char_lm = summary["configs"]["char-lm"]
+    assert char_lm["numpy_matmul_ms"] > 0 and char_lm["torch_matmul_ms"] > 0
+    assert "copy" not in [line.split()[0] for line in table_after("matmuls alone", capsys)]
+
+
+def table_after(heading: str, capsys) -> list[str]:
+    out = capsys.readouterr().out
+    assert "ratio" in out and heading in out
+    return [line for line in out.split(heading, 1)[1].splitlines()[2:] if line.strip()]
+
+
+@pytest.mark.parametrize("name", ["char-lm", "large"])
+def test_matmul_floor_lists_every_flop_of_the_step(name):
+    """The floor's products add up to exactly the FLOPs the benchmark reports per step."""
+    workload = CONFIGS[name]
+    config = GPTConfig(**workload.model)
+    products = gpt_step_matmuls(config, workload.batch_size, workload.context)
+    flops = sum(2 * math.prod(left) * right[-1] for left, right in products)
+    assert flops == flops_per_step(workload, MiniGPT(config))
 
 
 def test_bench_command_runs_through_numpy_engine(tmp_path, capfd):

@@ -265,6 +265,32 @@ def test_scaled_dot_product_attention(B, H, Tq, Tk, hs, kind, seed):
     check_layer(case, rng)
 
 
+@given(B=small, H=st.integers(1, 3), T=small, hs=small, offset=st.sampled_from([100.0, -100.0]),
+       kind=mask_kinds, seed=seeds)  # fmt: skip
+def test_attention_with_scores_far_from_zero_matches_torch(B, H, T, hs, offset, kind, seed):
+    """Every score near +100 (exp would overflow) or -100 (every exp tiny): softmax_last must
+    take the textbook path, with the row max. Finite differences are meaningless this far out,
+    so the witness is PyTorch alone, in float64 and float32."""
+    rng = np.random.default_rng(seed)
+    visible = random_visible(rng, (B, H, T, T), kind)
+    q, k = normal(rng, B, H, T, hs), normal(rng, B, H, T, hs)
+    k[..., 0] = 1.0  # then q's first coordinate adds the same amount to every score in its row
+    q[..., 0] = offset * np.sqrt(hs)
+    inputs = {"q": q, "k": k, "v": normal(rng, B, H, T, hs)}
+
+    def forward(i):
+        return A.attention_forward(i["q"], i["k"], i["v"], visible)
+
+    def backward(dout, cache):
+        return dict(zip("qkv", A.attention_backward(dout, cache), strict=True))
+
+    def torch_forward(t):
+        return TM.attention(t["q"], t["k"], t["v"], as_torch(visible))
+
+    name = f"attention, scores near {offset:+.0f}"
+    assert_matches_torch(LayerCase(name, inputs, forward, backward, torch_forward), rng)
+
+
 @given(B=small, H=st.integers(1, 3), T=small, hs=small, causal=st.booleans(), seed=seeds)
 def test_multi_head_self_attention(B, H, T, hs, causal, seed):
     rng = np.random.default_rng(seed)

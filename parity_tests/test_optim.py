@@ -153,3 +153,22 @@ def test_the_flat_in_place_path_equals_the_tensor_by_tensor_path():
     for key, value in separate.items():
         np.testing.assert_array_equal(model.params[key], value)
     assert _shared_buffer(model.params) is not None  # still views after the updates
+
+
+def test_step_with_max_grad_norm_equals_clip_then_step():
+    """The training loop clips inside the optimizer step: bit-identical to the two calls."""
+    rng = np.random.default_rng(0)
+    fused = {key: rng.standard_normal(shape) for key, shape in SHAPES.items()}
+    separate = {key: value.copy() for key, value in fused.items()}
+    fused_opt, separate_opt = Adam(fused, lr=0.01), Adam(separate, lr=0.01)
+    for scale in (5.0, 0.01, 5.0):  # clipped, not clipped, clipped
+        grads = {key: scale * rng.standard_normal(shape) for key, shape in SHAPES.items()}
+        before = {key: value.copy() for key, value in grads.items()}
+        norm = fused_opt.step(fused, grads, max_grad_norm=1.0)
+        clipped, expected_norm = clip_grad_norm(grads, 1.0)
+        separate_opt.step(separate, clipped)
+        assert norm == expected_norm
+        for key in SHAPES:
+            np.testing.assert_array_equal(fused[key], separate[key])
+            np.testing.assert_array_equal(grads[key], before[key])  # grads are not modified
+    assert fused_opt.step(fused, grads) is None  # no max_grad_norm: no norm computed

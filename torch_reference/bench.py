@@ -22,10 +22,12 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from numpy_engine import workloads
+from numpy_engine.configs import GPTConfig
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.workloads import WORKLOADS as CONFIGS
 from numpy_engine.workloads import Workload, engine_step, peak_rss_mb
 from torch_reference.convert import tensor, torch_model_for
+from torch_reference.matmul_floor import gpt_step_matmuls, matmul_floor_ms
 
 
 def build(cfg: Workload, n_batches: int):
@@ -127,6 +129,13 @@ def torch_memory_probe(config: str, steps: int, threads: int) -> None:
     print(peak_rss_mb())
 
 
+def matmul_floor(cfg: Workload) -> dict:
+    """The step's matmuls alone in each library (torch_reference/matmul_floor.py)."""
+    products = gpt_step_matmuls(GPTConfig(**cfg.model), cfg.batch_size, cfg.context)
+    floor = matmul_floor_ms(products)
+    return {"numpy_matmul_ms": floor["numpy"], "torch_matmul_ms": floor["torch"]}
+
+
 def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool) -> dict:
     keep_freed_memory()  # process-wide: the same allocator settings for both engines
     torch.set_num_threads(threads)
@@ -139,6 +148,8 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
             results[name] = time_config(cfg, n, min(warmup, n))
             results[name]["steps_timed"] = n
             results[name]["engine_peak_fraction"] = results[name]["engine_gflops"] / peak
+            if cfg.kind == "gpt":
+                results[name] |= matmul_floor(cfg)
     if memory:
         for name in configs:
             mem_steps = 2 if name == "large" else 5
@@ -158,6 +169,16 @@ def table(summary: dict) -> str:
         lines.append(f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.2f} "
                      f"{r['flops_per_step'] / 1e6:>11.1f} {r['engine_gflops']:>8.2f} "
                      f"{r['engine_peak_fraction']:>8.1%} {mem}")  # fmt: skip
+    floors = {name: r for name, r in summary["configs"].items() if "numpy_matmul_ms" in r}
+    if floors:
+        lines += ["", "the same step's matmuls alone, and what the rest of each step costs:",
+                  f"{'config':<8} {'numpy mm ms':>12} {'torch mm ms':>12} {'mm ratio':>9} "
+                  f"{'engine rest ms':>15} {'torch rest ms':>14}"]  # fmt: skip
+    for name, r in floors.items():
+        lines.append(f"{name:<8} {r['numpy_matmul_ms']:>12.2f} {r['torch_matmul_ms']:>12.2f} "
+                     f"{r['numpy_matmul_ms'] / r['torch_matmul_ms']:>9.2f} "
+                     f"{r['engine_ms'] - r['numpy_matmul_ms']:>15.2f} "
+                     f"{r['torch_ms'] - r['torch_matmul_ms']:>14.2f}")  # fmt: skip
     return "\n".join(lines)
 
 

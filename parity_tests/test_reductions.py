@@ -1,0 +1,69 @@
+"""The fast reductions and the softmax's skipped row max, against NumPy's textbook forms."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numpy_engine import attention as A
+from numpy_engine.memory import keep_freed_memory
+from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
+from parity_tests.strategies import seeds
+
+shapes = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple)
+
+
+@given(shape=shapes, seed=seeds, transposed=st.booleans())
+def test_reductions_equal_numpys_sums(shape, seed, transposed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape)
+    b = rng.standard_normal(shape)
+    if transposed:  # a non-contiguous view
+        a, b = a.T, b.T
+    lead = tuple(range(a.ndim - 1))
+    np.testing.assert_allclose(sum_leading(a), a.sum(axis=lead), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(sum_last(a), a.sum(axis=-1, keepdims=True), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(mean_last(a), a.mean(axis=-1, keepdims=True), rtol=1e-13, atol=1e-14)
+    expected_dot = (a * b).sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(dot_last(a, b), expected_dot, rtol=1e-13, atol=1e-14)
+    assert sum_leading(a.astype(np.float32)).dtype == np.float32  # no silent upcast
+
+
+def textbook_softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - scores.max(axis=-1, keepdims=True)
+    weights = np.exp(shifted)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "offset, path",
+    [(0.0, "no row max"), (800.0, "max above 60"), (-30.0, "rows summing below 1e-8"),
+     (-800.0, "every exp underflows")],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_softmax_last_equals_the_textbook_on_every_path(offset, path, dtype):
+    rng = np.random.default_rng(0)
+    scores = (rng.standard_normal((3, 4, 5)) + offset).astype(dtype)
+    scores[0, 1, 2:] = -np.inf  # hidden entries
+    expected = textbook_softmax(scores.astype(np.float64))
+    weights = A.softmax_last(scores.copy())
+    assert np.isfinite(weights).all(), path
+    assert weights[0, 1, 2:].tolist() == [0.0, 0.0, 0.0]
+    tolerance = 1e-14 if dtype == "float64" else 1e-6
+    np.testing.assert_allclose(weights, expected, rtol=tolerance, atol=tolerance, err_msg=path)
+
+
+def test_softmax_last_propagates_nan_as_the_textbook_does():
+    scores = np.zeros((2, 3))
+    scores[1, 0] = np.nan
+    weights = A.softmax_last(scores.copy())
+    assert np.isnan(weights[1]).all() and np.allclose(weights[0], 1 / 3)
+
+
+def test_keep_freed_memory_sets_glibcs_thresholds_where_there_is_glibc():
+    on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is on_glibc  # True: glibc accepted both thresholds
