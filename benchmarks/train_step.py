@@ -22,7 +22,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--steps",
         type=int,
         default=40,
-        help="timed steps per config; large times a tenth of it (default 40)",
+        help="timed steps per config; large times a fifth of it (default 40)",
     )
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS / torch threads (default 1)")

@@ -144,7 +144,7 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
         results = {}
         for name in configs:
             cfg = CONFIGS[name]
-            n = max(3, steps // 10) if name == "large" else steps
+            n = max(3, steps // 5) if name == "large" else steps  # ~1 s a step
             results[name] = time_config(cfg, n, min(warmup, n))
             results[name]["steps_timed"] = n
             results[name]["engine_peak_fraction"] = results[name]["engine_gflops"] / peak

@@ -82,7 +82,7 @@ def add_bench_command(commands) -> None:
         "--steps",
         type=positive_int,
         default=40,
-        help="timed steps per config; large times a tenth (default: 40)",
+        help="timed steps per config; large times a fifth (default: 40)",
     )
     bench.add_argument(
         "--threads", type=positive_int, default=1, help="BLAS and torch threads (default: 1)"
