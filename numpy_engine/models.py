@@ -57,6 +57,11 @@ class _Model:
     config: Seq2SeqConfig | GPTConfig
     params: dict[str, np.ndarray]
 
+    def __init__(self, config: Seq2SeqConfig | GPTConfig, seed: int = 0) -> None:
+        self.config = config
+        self.params = self._init_params(config, np.random.default_rng(seed))
+        self._keys_under: dict[str, list[str]] = {}  # see _under
+
     def load_params(self, params: dict[str, np.ndarray]) -> None:
         """Copy params (which must match keys, shapes and dtypes) into this model's weights."""
         for key, value in check_params(params, self.params).items():
@@ -109,12 +114,6 @@ class Seq2SeqCache(NamedTuple):
 
 class Seq2SeqTransformer(_Model):
     """Encoder-decoder with one embedding table shared by source and target."""
-
-    def __init__(self, config: Seq2SeqConfig, seed: int = 0) -> None:
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.params = self._init_params(config, rng)
-        self._keys_under: dict[str, list[str]] = {}
 
     @staticmethod
     def _init_params(cfg: Seq2SeqConfig, rng: np.random.Generator) -> dict:
@@ -264,12 +263,6 @@ class GPTCache(NamedTuple):
 
 class MiniGPT(_Model):
     """Decoder-only character model: token + learned position embeddings, causal blocks."""
-
-    def __init__(self, config: GPTConfig, seed: int = 0) -> None:
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.params = self._init_params(config, rng)
-        self._keys_under: dict[str, list[str]] = {}
 
     @staticmethod
     def _init_params(cfg: GPTConfig, rng: np.random.Generator) -> dict:

@@ -1,4 +1,4 @@
-"""Sums, dot products and softmax shifts, written the way that is fast in NumPy.
+"""Sums and dot products over an axis, written the way that is fast in NumPy.
 
 NumPy's reductions along a short last axis (`x.sum(axis=-1)`, `x.max(axis=-1)` over rows
 of 4 to 256 numbers) walk each row separately and are slow: on this project's machines

@@ -214,6 +214,22 @@ def test_feed_forward(activation, B, T, C, F_, seed):
     check_layer(LayerCase(f"ffn ({activation})", inputs, forward, backward, torch_forward), rng)
 
 
+def cross_entropy_case(name: str, inputs: dict, targets: np.ndarray, ignore_index: int):
+    """Cross-entropy of inputs["logits"] (B, T, V) against targets (B, T)."""
+
+    def forward(i):
+        return L.cross_entropy_forward(i["logits"], targets, ignore_index)
+
+    def backward(dloss, cache):
+        return {"logits": L.cross_entropy_backward(float(dloss), cache)}
+
+    def torch_forward(t):
+        flat = t["logits"].reshape(-1, t["logits"].shape[-1])
+        return F.cross_entropy(flat, torch.tensor(targets).reshape(-1), ignore_index=ignore_index)
+
+    return LayerCase(name, inputs, forward, backward, torch_forward)
+
+
 @given(B=small, T=small, V=st.integers(2, 7), ignore_index=st.sampled_from([0, -100]), seed=seeds)
 @example(B=1, T=1, V=2, ignore_index=-100, seed=0)
 @example(B=1, T=1, V=2, ignore_index=0, seed=3_094_535_186)  # float32: p_y - 1 cancelled
@@ -223,23 +239,27 @@ def test_cross_entropy_with_ignore_index(B, T, V, ignore_index, seed):
     targets[rng.random((B, T)) < 0.3] = ignore_index
     targets[0, 0] = 1  # at least one counted target
     inputs = {"logits": 2 * normal(rng, B, T, V)}
-
-    def forward(i):
-        return L.cross_entropy_forward(i["logits"], targets, ignore_index)
-
-    def backward(dloss, cache):
-        return {"logits": L.cross_entropy_backward(float(dloss), cache)}
-
-    def torch_forward(t):
-        logits = t["logits"].reshape(-1, V)
-        return F.cross_entropy(logits, torch.tensor(targets).reshape(-1), ignore_index=ignore_index)
-
-    check_layer(LayerCase("cross-entropy", inputs, forward, backward, torch_forward), rng)
+    check_layer(cross_entropy_case("cross-entropy", inputs, targets, ignore_index), rng)
 
 
 # --------------------------------------------------------------------------- attention
 
 mask_kinds = st.sampled_from(["none", "causal", "padding", "random"])
+
+
+def attention_case(name: str, inputs: dict, visible: np.ndarray | None) -> LayerCase:
+    """Scaled dot-product attention of inputs q, k, v (B, H, T, hs) under the mask visible."""
+
+    def forward(i):
+        return A.attention_forward(i["q"], i["k"], i["v"], visible)
+
+    def backward(dout, cache):
+        return dict(zip("qkv", A.attention_backward(dout, cache), strict=True))
+
+    def torch_forward(t):
+        return TM.attention(t["q"], t["k"], t["v"], as_torch(visible))
+
+    return LayerCase(name, inputs, forward, backward, torch_forward)
 
 
 @given(B=small, H=st.integers(1, 3), Tq=small, Tk=small, hs=small, kind=mask_kinds, seed=seeds)
@@ -251,18 +271,7 @@ def test_scaled_dot_product_attention(B, H, Tq, Tk, hs, kind, seed):
     visible = random_visible(rng, (B, H, Tq, Tk), kind)
     inputs = {"q": normal(rng, B, H, Tq, hs), "k": normal(rng, B, H, Tk, hs)}
     inputs["v"] = normal(rng, B, H, Tk, hs)
-
-    def forward(i):
-        return A.attention_forward(i["q"], i["k"], i["v"], visible)
-
-    def backward(dout, cache):
-        return dict(zip("qkv", A.attention_backward(dout, cache), strict=True))
-
-    def torch_forward(t):
-        return TM.attention(t["q"], t["k"], t["v"], as_torch(visible))
-
-    case = LayerCase(f"attention ({kind} mask)", inputs, forward, backward, torch_forward)
-    check_layer(case, rng)
+    check_layer(attention_case(f"attention ({kind} mask)", inputs, visible), rng)
 
 
 @given(B=small, H=st.integers(1, 3), T=small, hs=small, offset=st.sampled_from([100.0, -100.0]),
@@ -277,18 +286,9 @@ def test_attention_with_scores_far_from_zero_matches_torch(B, H, T, hs, offset, 
     k[..., 0] = 1.0  # then q's first coordinate adds the same amount to every score in its row
     q[..., 0] = offset * np.sqrt(hs)
     inputs = {"q": q, "k": k, "v": normal(rng, B, H, T, hs)}
-
-    def forward(i):
-        return A.attention_forward(i["q"], i["k"], i["v"], visible)
-
-    def backward(dout, cache):
-        return dict(zip("qkv", A.attention_backward(dout, cache), strict=True))
-
-    def torch_forward(t):
-        return TM.attention(t["q"], t["k"], t["v"], as_torch(visible))
-
-    name = f"attention, scores near {offset:+.0f}"
-    assert_matches_torch(LayerCase(name, inputs, forward, backward, torch_forward), rng)
+    assert_matches_torch(
+        attention_case(f"attention, scores near {offset:+.0f}", inputs, visible), rng
+    )
 
 
 @given(B=small, H=st.integers(1, 3), T=small, hs=small, causal=st.booleans(), seed=seeds)
@@ -421,16 +421,5 @@ def test_cross_entropy_when_confident(B, T, V, ignore_index, seed):
     targets = rng.integers(1, V, size=(B, T))
     logits = normal(rng, B, T, V)
     np.put_along_axis(logits, targets[..., None], 12.0, axis=-1)  # p_target ~ 1 - 1e-5
-
-    def forward(i):
-        return L.cross_entropy_forward(i["logits"], targets, ignore_index)
-
-    def backward(dloss, cache):
-        return {"logits": L.cross_entropy_backward(float(dloss), cache)}
-
-    def torch_forward(t):
-        flat = t["logits"].reshape(-1, V)
-        return F.cross_entropy(flat, torch.tensor(targets).reshape(-1), ignore_index=ignore_index)
-
-    check_layer(LayerCase("cross-entropy, confident", {"logits": logits}, forward, backward,
-                          torch_forward), rng)  # fmt: skip
+    case = cross_entropy_case("cross-entropy, confident", {"logits": logits}, targets, ignore_index)
+    check_layer(case, rng)

@@ -28,7 +28,7 @@ from numpy_engine.memory import keep_freed_memory
 from numpy_engine.workloads import WORKLOADS as CONFIGS
 from numpy_engine.workloads import Workload, engine_step, peak_rss_mb
 from torch_reference.convert import tensor, torch_model_for
-from torch_reference.matmul_floor import gpt_step_matmuls, matmul_floor_ms
+from torch_reference.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
 
 
 def build(cfg: Workload, n_batches: int):
@@ -59,9 +59,7 @@ def flops_per_step(cfg: Workload, model) -> float:
 
 def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
-    np.matmul(a, a)
-    best = min(_timed(lambda: np.matmul(a, a)) for _ in range(repeats))
-    return 2 * n**3 / best / 1e9
+    return 2 * n**3 / best_seconds(lambda: np.matmul(a, a), repeats) / 1e9
 
 
 def _timed(fn) -> float:

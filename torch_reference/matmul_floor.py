@@ -31,7 +31,8 @@ def gpt_step_matmuls(config, batch_size: int, context: int) -> list[tuple[tuple,
     return products
 
 
-def _best_seconds(fn, repeats: int = 5) -> float:
+def best_seconds(fn, repeats: int = 5) -> float:
+    """The fastest of `repeats` timed calls, after one untimed warm-up call."""
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -49,6 +50,6 @@ def matmul_floor_ms(products: list[tuple[tuple, tuple]]) -> dict[str, float]:
         a = rng.standard_normal(left, dtype=np.float32)
         b = rng.standard_normal(right, dtype=np.float32)
         ta, tb = torch.tensor(a), torch.tensor(b)
-        totals["numpy"] += _best_seconds(lambda: a @ b)  # noqa: B023
-        totals["torch"] += _best_seconds(lambda: ta @ tb)  # noqa: B023
+        totals["numpy"] += best_seconds(lambda: a @ b)  # noqa: B023
+        totals["torch"] += best_seconds(lambda: ta @ tb)  # noqa: B023
     return {name: 1e3 * seconds for name, seconds in totals.items()}
