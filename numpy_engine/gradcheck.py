@@ -2,6 +2,7 @@
 
     numeric = numerical_gradient(lambda: float(np.sum(f(x) * g)), x, indices)
     relative_error(analytic.flat[indices], numeric)   # ~1e-9 in float64
+    check_directions(loss, param, grad, [rng.standard_normal(param.shape)])  # a whole tensor
 
 The truncation error of a central difference grows like h^2 and its rounding error
 like eps * |f| / h; h = 1e-5 with one Richardson step keeps both near 1e-10.
@@ -13,42 +14,86 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+Probe = Callable[[], "float | tuple[float, bytes]"]
+
 
 def numerical_gradient(
-    f: Callable[[], float], x: np.ndarray, indices: np.ndarray | None = None, h: float = 1e-5
+    f: Probe, x: np.ndarray, indices: np.ndarray | None = None, h: float = 1e-5
 ) -> np.ndarray:
     """df/dx at each flat index, by central differences at steps h and h/2 combined.
 
     A central difference D(h) = (f(x + h) - f(x - h)) / 2h has an error c h^2 + O(h^4);
     (4 D(h/2) - D(h)) / 3 cancels the h^2 term (Richardson extrapolation), which matters
-    where layernorm over few channels makes the loss sharply curved. Steps stay small,
-    so a ReLU kink is crossed only by inputs within h of zero.
+    where layernorm over few channels makes the loss sharply curved.
 
     f takes no arguments: it reads x (or something built on it) each time it is called;
     x is nudged in place and restored. indices defaults to every entry. Use float64.
+    An entry whose difference crosses a kink of f (see directional_derivative) is NaN.
     """
+    _check_nudgeable(x)
+    indices = np.arange(x.size) if indices is None else np.asarray(indices)
+    numeric = [directional_derivative(f, x, int(i), h) for i in indices]
+    return np.array([np.nan if d is None else d for d in numeric])
+
+
+def directional_derivative(
+    f: Probe, x: np.ndarray, direction: int | np.ndarray, h: float = 1e-5, smallest_h: float = 1e-8
+) -> float | None:
+    """The derivative of f along direction (an array shaped like x, or a flat index of x), as
+    numerical_gradient computes it.
+
+    f may return (value, region) instead of a value, where region names the smooth piece of
+    a piecewise-smooth f that x lies in (e.g. the pattern of positive ReLU pre-activations).
+    A difference whose points lie in another region than x straddles a kink, and there the
+    central difference measures the jump, not the derivative: the step shrinks tenfold until
+    no point leaves x's region. None if that takes a step below smallest_h.
+    """
+    _, region = _evaluate(f)
+    while h >= smallest_h:
+        d_h, left_h = _central_difference(f, x, direction, h, region)
+        d_half, left_half = _central_difference(f, x, direction, h / 2, region)
+        if not (left_h or left_half):
+            return (4.0 * d_half - d_h) / 3.0
+        h /= 10.0
+    return None
+
+
+def _evaluate(f: Probe) -> tuple[float, bytes | None]:
+    out = f()
+    return (out, None) if np.ndim(out) == 0 else out
+
+
+def _central_difference(f, x, direction, h, region) -> tuple[float, bool]:
+    """(f(x + h d) - f(x - h d)) / 2h, and whether either point left region."""
+    f_plus, region_plus = _evaluate_at(f, x, direction, h)
+    f_minus, region_minus = _evaluate_at(f, x, direction, -h)
+    left = region is not None and (region_plus != region or region_minus != region)
+    return (f_plus - f_minus) / (2 * h), left
+
+
+def _evaluate_at(f, x, direction, t):
+    """f at x + t * direction, with x restored afterwards bit for bit."""
+    flat = x.reshape(-1)  # a view: writing it nudges x
+    if isinstance(direction, int):
+        original = flat[direction]
+        flat[direction] = original + t
+        try:
+            return _evaluate(f)
+        finally:
+            flat[direction] = original
+    original = flat.copy()
+    flat += t * direction.reshape(-1)
+    try:
+        return _evaluate(f)
+    finally:
+        flat[...] = original
+
+
+def _check_nudgeable(x: np.ndarray) -> None:
     if x.dtype != np.float64:
         raise TypeError(f"x must be float64 for finite differences, got {x.dtype}")
-    flat = x.reshape(-1)  # a view: writing it nudges x
-    if not np.shares_memory(flat, x):
+    if not np.shares_memory(x.reshape(-1), x):
         raise ValueError("x must be contiguous so that it can be nudged in place")
-    indices = np.arange(x.size) if indices is None else np.asarray(indices)
-    numeric = np.empty(len(indices))
-    for n, i in enumerate(indices):
-        d_h = _central_difference(f, flat, i, h)
-        d_half = _central_difference(f, flat, i, h / 2)
-        numeric[n] = (4.0 * d_half - d_h) / 3.0
-    return numeric
-
-
-def _central_difference(f: Callable[[], float], flat: np.ndarray, i: int, h: float) -> float:
-    original = flat[i]
-    flat[i] = original + h
-    f_plus = f()
-    flat[i] = original - h
-    f_minus = f()
-    flat[i] = original
-    return (f_plus - f_minus) / (2 * h)
 
 
 def relative_error(analytic: np.ndarray, numeric: np.ndarray, floor: float = 0.0) -> float:
@@ -58,22 +103,18 @@ def relative_error(analytic: np.ndarray, numeric: np.ndarray, floor: float = 0.0
     return float(diff / scale) if scale > 0 else 0.0
 
 
-def rounding_noise(f: Callable[[], float], x: np.ndarray, index: int, delta: float = 1e-6) -> float:
-    """How much rounding moves f's value, measured at 9 points delta apart around x[index].
+def rounding_noise(
+    f: Probe, x: np.ndarray, direction: int | np.ndarray, delta: float = 1e-6
+) -> float:
+    """How much rounding moves f's value, measured at 9 points delta apart along direction.
 
     Third differences cancel f's slope and curvature (the third derivative times delta^3
     is ~1e-18), so what is left is rounding, each difference carrying it sqrt(20) times
     (noise estimation after More & Wild). A loss computed through cancelling sums can
     round at tens of times eps * |f|, so guessing the noise from |f| alone is not enough.
     """
-    flat = x.reshape(-1)
-    original = flat[index]
-    values = []
-    for k in range(-4, 5):
-        flat[index] = original + k * delta
-        values.append(f())
-    flat[index] = original
-    third_differences = np.diff(np.array(values), n=3)  # coefficients 1, -3, 3, -1
+    values = np.array([_evaluate_at(f, x, direction, k * delta)[0] for k in range(-4, 5)])
+    third_differences = np.diff(values, n=3)  # coefficients 1, -3, 3, -1
     measured = float(np.sqrt(np.mean(third_differences**2) / 20.0))
     return max(measured, np.finfo(np.float64).eps * abs(values[4]))
 
@@ -93,11 +134,11 @@ def noise_floor(noise: float, count: int, h: float, headroom: float = 3e7) -> fl
 
 class GradientCheck(NamedTuple):
     error: float  # the smallest relative error over the steps tried
-    numeric: np.ndarray  # the finite-difference estimate at the step that gave it
+    numeric: np.ndarray  # the estimates at the step that gave it (NaN: across a kink, not judged)
 
 
 def check_gradient(
-    f: Callable[[], float],
+    f: Probe,
     x: np.ndarray,
     analytic: np.ndarray,
     indices: np.ndarray,
@@ -105,27 +146,62 @@ def check_gradient(
     steps: tuple[float, ...] = (1e-5, 1e-4),
     f_terms: float = 0.0,
 ) -> GradientCheck:
-    """The smallest relative error of analytic (at indices) against finite differences over steps.
+    """check_directions along the entries of x at indices: each estimate is one entry of df/dx."""
+    directions = [int(i) for i in indices]
+    return check_directions(f, x, analytic, directions, tolerance, steps, f_terms)
 
-    A finite difference goes wrong in two ways: rounding, which shrinks as h grows (a loss
-    computed through cancelling sums rounds at far more than eps * |f|), and kinks or
-    curvature, which shrink as h shrinks. A correct gradient agrees at one of the steps;
-    a wrong one at none. Stops at the first step whose error is within tolerance.
-    f_terms, when f is a sum, is the sum of its terms' magnitudes: its rounding is at
-    least eps * f_terms even where the measurement saw none (f flat in x, as for a key bias).
+
+def check_directions(
+    f: Probe,
+    x: np.ndarray,
+    analytic: np.ndarray,
+    directions: list[int | np.ndarray],
+    tolerance: float = 1e-6,
+    steps: tuple[float, ...] = (1e-5, 1e-4),
+    f_terms: float = 0.0,
+    noise: float | None = None,
+) -> GradientCheck:
+    """The smallest relative error, over steps, of the analytic gradient's derivatives along
+    directions (flat indices of x, or arrays shaped like x) against finite differences.
+
+    A random direction weighs every entry of the gradient at once (PyTorch's gradcheck fast
+    mode): one difference checks a whole tensor. A finite difference goes wrong in two ways:
+    rounding, which shrinks as h grows (a loss computed through cancelling sums rounds at
+    far more than eps * |f|), and curvature, which shrinks as h shrinks. A correct gradient
+    agrees at one of the steps; a wrong one at none. Stops at the first step within
+    tolerance. Kinks are stepped around (directional_derivative); a direction that cannot
+    avoid one is left out (NaN; the error is NaN if none is judged). f_terms, when f is a
+    sum, is the sum of its terms' magnitudes: its rounding is at least eps * f_terms even
+    where the measurement saw none (f flat in x, as for a key bias). noise, when given, is
+    f's rounding as rounding_noise measured it (once for many tensors of one f).
     """
-    busiest = int(indices[np.argmax(np.abs(np.ravel(analytic)[indices]))])  # one f depends on
-    noise = max(rounding_noise(f, x, busiest), np.finfo(np.float64).eps * f_terms)
-    best = GradientCheck(np.inf, np.zeros(len(indices)))
+    _check_nudgeable(x)
+    expected = np.array([_along(analytic, d) for d in directions])
+    if noise is None:
+        busiest = directions[int(np.argmax(np.abs(expected)))]  # one that f depends on
+        noise = rounding_noise(f, x, busiest)
+    noise = max(noise, np.finfo(np.float64).eps * f_terms)
+    best = GradientCheck(np.nan, np.full(len(directions), np.nan))  # NaN error: none judged
     for h in steps:
-        numeric = numerical_gradient(f, x, indices, h)
-        error = relative_error(
-            np.ravel(analytic)[indices], numeric, noise_floor(noise, len(indices), h)
-        )
-        best = min(best, GradientCheck(error, numeric), key=lambda check: check.error)
+        estimates = [directional_derivative(f, x, d, h) for d in directions]
+        numeric = np.array([np.nan if e is None else e for e in estimates])
+        judged = ~np.isnan(numeric)
+        if not judged.any():
+            continue
+        floor = noise_floor(noise, int(judged.sum()), h)
+        error = relative_error(expected[judged], numeric[judged], floor)
+        if not error >= best.error:  # smaller, or the first judged
+            best = GradientCheck(error, numeric)
         if best.error < tolerance:
             break
     return best
+
+
+def _along(gradient: np.ndarray, direction: int | np.ndarray) -> float:
+    """The derivative along direction that gradient predicts: an entry, or a dot product."""
+    if isinstance(direction, int):
+        return float(gradient.reshape(-1)[direction])
+    return float(np.vdot(gradient, direction))
 
 
 def sample_indices(rng: np.random.Generator, size: int, count: int) -> np.ndarray:

@@ -260,12 +260,18 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     n_counted = int(counted.sum())
     if n_counted == 0:
         raise ValueError(f"targets: every target equals ignore_index={ignore_index}; no loss")
-    # shifting by the row max makes the largest term exp(0) = 1: no overflow, and no
-    # cancellation in log_probs when one class dominates (unlike attention's softmax)
-    shifted = logits2 - logits2.max(axis=-1, keepdims=True)
-    log_probs = shifted - np.log(sum_last(np.exp(shifted)))  # (N, V)
+    rows = np.arange(len(flat_targets))
+    top = logits2.argmax(axis=-1)  # (N,) the largest class of each row
+    # shifted by the row max, the top class's term is exp(0) = 1 exactly: no overflow, and
+    # log(sum exp) = log(1 + others) with others = the other classes' mass. When one class
+    # dominates, 1 + others rounds away most of others' digits, and the loss (which is
+    # log(1 + others) itself for a right, confident prediction) with them: so log1p(others).
+    shifted = logits2 - logits2[rows, top][:, None]  # (N, V), <= 0
+    others = np.exp(shifted)
+    others[rows, top] = 0.0
+    log_probs = shifted - np.log1p(sum_last(others))  # (N, V)
     safe_targets = np.where(counted, flat_targets, 0)  # ignored rows read class 0, then drop
-    picked = log_probs[np.arange(len(flat_targets)), safe_targets]  # (N,)
+    picked = log_probs[rows, safe_targets]  # (N,)
     loss = -(picked * counted).sum() / n_counted
     return loss, CrossEntropyCache(log_probs, safe_targets, counted, n_counted, logits.shape)
 
