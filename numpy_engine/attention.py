@@ -72,6 +72,23 @@ def softmax_last(scores: np.ndarray) -> np.ndarray:
     return weights
 
 
+def softmax_backward(dweights: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """See docs/gradients.md#attention. dscores = w * (dw - sum(dw * w)) per row; hidden
+    w = 0 gives 0. Overwrites dweights.
+
+    A row's entries sum to exactly 0. Where one weight dominates (w ~ 1), its entry
+    w (dw - sum(w dw)) cancels to a few correct digits, while the others, each w_j times
+    dw_j - sum(w dw), are accurate: so the dominant entry is taken as minus their sum.
+    """
+    dscores = dweights
+    dscores -= dot_last(dweights, weights)  # in place: dweights is not needed again
+    dscores *= weights
+    top = weights.argmax(axis=-1)[..., None]  # (..., 1) the dominant weight of each row
+    np.put_along_axis(dscores, top, 0.0, axis=-1)
+    np.put_along_axis(dscores, top, -sum_last(dscores), axis=-1)
+    return dscores
+
+
 class AttentionCache(NamedTuple):
     q_scaled: np.ndarray  # (B, H, Tq, hs), q / sqrt(hs)
     k: np.ndarray  # (B, H, Tk, hs)
@@ -100,10 +117,7 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache) -> tuple:
     # forward was y = weights @ v
     dweights = dy @ v.swapaxes(-1, -2)  # (B, H, Tq, Tk)
     dv = weights.swapaxes(-1, -2) @ dy  # (B, H, Tk, hs)
-    # softmax Jacobian per row: dscores = w * (dw - sum(dw * w)); hidden w = 0 gives 0
-    dscores = dweights
-    dscores -= dot_last(dweights, weights)  # in place: dweights is not needed again
-    dscores *= weights
+    dscores = softmax_backward(dweights, weights)
     # forward was scores = (q * scale) @ k^T
     dq = dscores @ k
     dq *= scale  # (B, H, Tq, hs)

@@ -170,15 +170,20 @@ _GELU_A = 0.044715
 def gelu_forward(x: np.ndarray) -> tuple:
     """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh".
 
-    Written in place on two buffers: on (B*T, F) arrays each pass over memory costs
-    about as much as the arithmetic (and x**3 would call pow, ~100x slower than x*x*x).
+    1 + tanh(u) is computed as 2 / (1 + exp(-2u)): for u well below 0, tanh(u) rounds near
+    -1 and 1 + tanh(u) would keep only the digits of that rounding (a unit whose inputs sit
+    deep in GELU's tail then gets a gradient of pure noise). Written in place on two
+    buffers: on (B*T, F) arrays each pass over memory costs about as much as the arithmetic
+    (and x**3 would call pow, ~100x slower than x*x*x).
     """
     u = x * x
-    u *= _GELU_K * _GELU_A
-    u += _GELU_K
-    u *= x  # k (x + a x^3) = x (k + k a x^2)
-    np.tanh(u, out=u)
-    u += 1.0  # 1 + t, t = tanh(...): the backward needs it too
+    u *= -2 * _GELU_K * _GELU_A
+    u -= 2 * _GELU_K
+    u *= x  # -2u, u = k (x + a x^3) = x (k + k a x^2)
+    with np.errstate(over="ignore"):  # exp(-2u) = inf far in the tail: then 1 + t = 2/inf = 0
+        np.exp(u, out=u)
+    u += 1.0
+    np.divide(2.0, u, out=u)  # 1 + t, t = tanh(...): the backward needs it too
     out = x * 0.5
     out *= u
     cache = (x, u)

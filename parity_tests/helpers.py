@@ -8,7 +8,13 @@ import numpy as np
 import torch
 
 from numpy_engine.gradcheck import check_gradient, sample_indices
-from torch_reference.compare import FLOAT32_FACTOR, compare, float32_checks, float64_ok
+from torch_reference.compare import (
+    Float32Check,
+    compare,
+    float32_checks,
+    float64_ok,
+    sensitivities,
+)
 
 FD_TOLERANCE = 1e-6  # float64 central differences; we see ~1e-8 and below
 WORST_ERRORS: dict[str, float] = {}  # check name -> worst error, printed after the run
@@ -85,10 +91,11 @@ class LayerCase(NamedTuple):
     torch_forward: Callable[[dict], torch.Tensor]  # torch: {name: tensor} -> out
 
 
-def check_layer(case: LayerCase, rng: np.random.Generator) -> None:
-    """Both witnesses: central finite differences, then PyTorch autograd (float64 and float32)."""
+def check_layer(case: LayerCase, rng: np.random.Generator, float32: bool = True) -> None:
+    """Both witnesses: central finite differences, then PyTorch autograd (float64, and float32
+    unless the case's float32 values are rounding noise that no bound can judge)."""
     assert_matches_finite_differences(case.name, case.forward, case.backward, case.inputs, rng)
-    assert_matches_torch(case, rng)
+    assert_matches_torch(case, rng, float32)
 
 
 def _engine_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
@@ -104,15 +111,39 @@ def _torch_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.
     return {"output": out.detach().numpy()} | grads
 
 
-def assert_matches_torch(case: LayerCase, rng: np.random.Generator) -> None:
+def assert_matches_torch(case: LayerCase, rng: np.random.Generator, float32: bool = True) -> None:
     out, _ = case.forward(case.inputs)
     dout = rng.standard_normal(np.shape(out))  # random, never all ones
     ours, golden = _engine_run(case, case.inputs, dout), _torch_run(case, case.inputs, dout)
     assert_all_close_float64(case.name, ours, golden)
+    if float32:
+        engine32, _ = layer_float32_checks(case, dout, rng)
+        assert_float32_within_bound(case.name, engine32)
+
+
+def layer_float32_checks(case: LayerCase, dout: np.ndarray, rng: np.random.Generator) -> tuple:
+    """(the engine's, torch's) float32 checks of one case: each engine's float32 run against a
+    float64 golden run on the same float32-rounded inputs, under one bound. The golden run is
+    the float64 engine's: it equals torch's float64 within 1e-10, and where torch's float64
+    loses digits (1 + tanh(u) deep in GELU's tail rounds to 0) it keeps them."""
     inputs32 = {key: value.astype(np.float32) for key, value in case.inputs.items()}
     dout32 = np.asarray(dout, dtype=np.float32)
-    ours32, torch32 = _engine_run(case, inputs32, dout32), _torch_run(case, inputs32, dout32)
-    assert_float32_no_worse_than_torch(case.name, ours32, torch32, golden)
+    exact = {key: value.astype(np.float64) for key, value in inputs32.items()}
+    exact["upstream"] = dout32.astype(np.float64)  # sensitivities moves the upstream too
+
+    def engine64(i):
+        return _engine_run(case, params_of(i, "upstream"), i["upstream"])
+
+    golden = engine64(exact)  # the float64 engine, checked against torch just before
+    sensitivity = sensitivities(engine64, exact, rng)
+    return (
+        float32_checks(_engine_run(case, inputs32, dout32), golden, sensitivity),
+        float32_checks(_torch_run(case, inputs32, dout32), golden, sensitivity),
+    )
+
+
+def params_of(inputs: dict, *not_params: str) -> dict:
+    return {key: value for key, value in inputs.items() if key not in not_params}
 
 
 def assert_all_close_float64(name: str, ours: dict, ref: dict) -> None:
@@ -128,14 +159,14 @@ def assert_all_close_float64(name: str, ours: dict, ref: dict) -> None:
         assert float64_ok(c), c.describe()
 
 
-def assert_float32_no_worse_than_torch(name: str, ours32: dict, torch32: dict, golden: dict):
-    checks = float32_checks(ours32, torch32, golden)
+def assert_float32_within_bound(name: str, checks: dict[str, Float32Check]) -> None:
+    """Every tensor's float32 error within the bound of torch_reference/compare.py."""
+    record(
+        f"float32 error/bound {name}", max(c.error / max(c.bound, 1e-300) for c in checks.values())
+    )
     for key, check in checks.items():
-        if check.golden_norm > 1e-3 * max(c.golden_norm for c in checks.values()):
-            record(f"float32 engine {name}", check.engine_error / check.golden_norm)
-            record(f"float32 torch  {name}", check.torch_error / check.golden_norm)
         assert check.ok, (
-            f"{name}: {key} in float32 is {check.engine_error:.3e} from the float64 golden run "
-            f"(norm {check.golden_norm:.3e}), above the bound {check.bound:.3e} = "
-            f"{FLOAT32_FACTOR} x torch's float32 error {check.torch_error:.3e} + slack"
+            f"{name}: {key} in float32 is {check.error:.3e} from the float64 golden run "
+            f"(norm {check.golden_norm:.3e}), above the bound {check.bound:.3e} "
+            f"(its sensitivity to float32 rounding of the inputs: {check.sensitivity:.3e})"
         )

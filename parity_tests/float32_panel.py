@@ -1,0 +1,204 @@
+"""Random float32 cases of every layer kind, for two uses: test_float32.py compares the engine's
+float32 error with torch's over a fixed panel of them, and run as a script it surveys many
+draws of every kind against the bound of torch_reference/compare.py:
+
+    python -m parity_tests.float32_panel --draws 2000
+
+prints, per kind, the largest error/bound seen for the engine and for torch (above 1 fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import numpy as np
+
+import numpy_engine as ne
+from numpy_engine.models import GPT_IGNORE_INDEX
+from parity_tests import layer_cases as cases
+from parity_tests.helpers import LayerCase, layer_float32_checks
+from parity_tests.strategies import padded_ids, randomize_params
+
+
+def _sizes(rng: np.random.Generator) -> Callable[[int, int], int]:
+    return lambda low, high: int(rng.integers(low, high + 1))
+
+
+def _heads_and_width(r) -> tuple[int, int]:
+    H = r(1, 3)
+    return H, r(-(-3 // H), 4)  # d_model >= 3, as model_widths draws it
+
+
+def _choice(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+KINDS: dict[str, Callable[[np.random.Generator], LayerCase]] = {}
+
+
+def kind(name: str):
+    def register(build):
+        KINDS[name] = build
+        return build
+
+    return register
+
+
+@kind("linear")
+def _(rng):
+    r = _sizes(rng)
+    return cases.linear(rng, r(1, 4), r(1, 4), r(1, 4), r(1, 4))
+
+
+@kind("embedding")
+def _(rng):
+    r = _sizes(rng)
+    ids = rng.integers(0, r(2, 6), size=(r(1, 4), r(1, 6)))
+    ids[0, 0] = max(int(ids.max()), 1)
+    return cases.embedding(rng, ids, r(1, 4))
+
+
+@kind("layernorm")
+def _(rng):
+    r = _sizes(rng)
+    return cases.layernorm(rng, r(1, 4), r(1, 4), r(3, 8), _choice(rng, [1.0, 1000.0]))
+
+
+@kind("gelu")
+def _(rng):
+    r = _sizes(rng)
+    return cases.activation(rng, "gelu", r(1, 4), r(1, 4), r(1, 4), _choice(rng, [0.0, -6.0]))
+
+
+@kind("ffn")
+def _(rng):
+    r = _sizes(rng)
+    return cases.feed_forward(
+        rng, _choice(rng, ["relu", "gelu"]), r(1, 4), r(1, 4), r(1, 4), r(1, 8)
+    )
+
+
+@kind("cross-entropy")
+def _(rng):
+    r = _sizes(rng)
+    return cases.cross_entropy(rng, r(1, 4), r(1, 4), r(2, 7), _choice(rng, [0, -100]))
+
+
+@kind("cross-entropy, confident")
+def _(rng):
+    r = _sizes(rng)
+    return cases.confident_cross_entropy(rng, r(1, 4), r(1, 4), r(2, 7), _choice(rng, [0, -100]))
+
+
+MASKS = ["none", "causal", "padding", "random"]
+
+
+@kind("attention")
+def _(rng):
+    r = _sizes(rng)
+    return cases.attention(rng, r(1, 4), r(1, 3), r(1, 4), r(1, 4), r(1, 4), _choice(rng, MASKS))
+
+
+@kind("attention, scores far from 0")
+def _(rng):
+    r = _sizes(rng)
+    T = r(1, 4)
+    offset = _choice(rng, [100.0, -100.0])
+    return cases.attention(rng, r(1, 4), r(1, 3), T, T, r(1, 4), _choice(rng, MASKS), offset)
+
+
+@kind("self-attention")
+def _(rng):
+    r = _sizes(rng)
+    return cases.self_attention(rng, r(1, 4), r(1, 3), r(1, 4), r(1, 4), bool(r(0, 1)))
+
+
+@kind("cross-attention")
+def _(rng):
+    r = _sizes(rng)
+    return cases.cross_attention(rng, r(1, 4), r(1, 3), r(1, 4), r(1, 4), r(1, 4))
+
+
+@kind("self-attention block")
+def _(rng):
+    r = _sizes(rng)
+    H, hs = _heads_and_width(r)
+    act = _choice(rng, ["relu", "gelu"])
+    return cases.self_attention_block(rng, r(1, 4), H, hs, r(1, 4), r(1, 4), act, bool(r(0, 1)))
+
+
+@kind("decoder block")
+def _(rng):
+    r = _sizes(rng)
+    H, hs = _heads_and_width(r)
+    act = _choice(rng, ["relu", "gelu"])
+    return cases.decoder_block(rng, r(1, 4), H, hs, r(1, 4), r(1, 4), r(1, 4), act)
+
+
+def model_case(model_kind: str, seed: int) -> tuple:
+    """A randomized float64 model of that kind ("seq2seq" or "gpt") and a padded batch."""
+    rng = np.random.default_rng([seed, 99])
+    r = _sizes(rng)
+    H, hs = _heads_and_width(r)
+    act = _choice(rng, ["relu", "gelu"])
+    B, T, V = r(1, 3), r(1, 5), r(3, 9)
+    lengths = [r(1, T) for _ in range(B)]
+    if model_kind == "seq2seq":
+        config = ne.Seq2SeqConfig(V, H * hs, H, r(1, 8), r(1, 2), r(1, 2), act, dtype="float64")
+        model = ne.Seq2SeqTransformer(config, seed=seed)
+        S = r(1, 5)
+        source = padded_ids(rng, [r(1, S) for _ in range(B)], S, V)
+        batch = (source, padded_ids(rng, lengths, T, V), padded_ids(rng, lengths, T, V))
+    else:
+        config = ne.GPTConfig(V, H * hs, H, r(1, 8), r(1, 2), T + r(0, 3), act, dtype="float64")
+        model = ne.MiniGPT(config, seed=seed)
+        targets = rng.integers(0, V, size=(B, T))
+        targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = GPT_IGNORE_INDEX
+        batch = (rng.integers(0, V, size=(B, T)), targets)
+    randomize_params(model, rng)
+    return model, batch
+
+
+def draw(kind_name: str, seed: int) -> tuple:
+    """One case of that kind from seed: (the engine's, torch's) float32 checks."""
+    rng = np.random.default_rng([seed, list(KINDS).index(kind_name)])
+    case = KINDS[kind_name](rng)
+    out, _ = case.forward(case.inputs)
+    return layer_float32_checks(case, rng.standard_normal(np.shape(out)), rng)
+
+
+def worst_ratio(checks: dict) -> float:
+    return max(check.error / check.bound if check.bound > 0 else 0.0 for check in checks.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--draws", type=int, default=200, help="cases per kind (default: 200)")
+    parser.add_argument("--first-seed", type=int, default=1000, help="default: 1000")
+    parser.add_argument("--model-draws", type=int, default=None, help="default: --draws")
+    args = parser.parse_args()
+    from parity_tests.test_models import model_float32_checks  # torch_reference's twins
+
+    def model_draw(model_kind: str, seed: int) -> tuple:
+        model, batch = model_case(model_kind, seed)
+        rng = np.random.default_rng(seed)
+        dlogits = rng.standard_normal(model.forward(*batch[:-1])[0].shape)
+        return model_float32_checks(model, batch, dlogits, rng)
+
+    surveys = [(name, lambda seed, name=name: draw(name, seed), args.draws) for name in KINDS]
+    model_draws = args.draws if args.model_draws is None else args.model_draws
+    for model_kind in ("seq2seq", "gpt"):
+        surveys.append((model_kind, lambda s, k=model_kind: model_draw(k, s), model_draws))
+    print(f"{'kind':<30} {'draws':>6} {'engine worst':>13} {'torch worst':>12}  (error / bound)")
+    for name, run, draws in surveys:
+        engine, torch_ = [], []
+        for seed in range(args.first_seed, args.first_seed + draws):
+            ours, theirs = run(seed)
+            engine.append(worst_ratio(ours))
+            torch_.append(worst_ratio(theirs))
+        print(f"{name:<30} {draws:>6} {max(engine):>13.3f} {max(torch_):>12.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

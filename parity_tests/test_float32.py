@@ -1,0 +1,57 @@
+"""float32 judged statistically: over a fixed panel of cases of every layer kind and both
+models, the engine's float32 error is typically no larger than torch's.
+
+Each case's own check (the rounding bound) runs in test_layers.py and test_models.py; this
+one catches an engine that stays within the bound but is systematically less accurate than
+it should be. The panel is fixed (seeds 0..PANEL-1), so the median is one number that
+changes only when the engine (or torch) does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity_tests.float32_panel import KINDS, draw, model_case
+from parity_tests.test_models import model_float32_checks
+
+PANEL = 24
+MEDIAN_RATIO = 1.5  # engine error / torch error, median over the panel's tensors
+
+
+def judged_ratios(engine: dict, torch_: dict) -> list[float]:
+    """engine/torch error per tensor, leaving out tensors that no input moves (their float32
+    value is rounding noise of the sums they come from) and exact results (error 0)."""
+    largest = max(check.sensitivity for check in engine.values())
+    return [
+        engine[key].error / torch_[key].error
+        for key in engine
+        if torch_[key].error > 0 and engine[key].sensitivity > 0.1 * largest
+    ]
+
+
+def assert_median_no_worse_than_torch(name: str, ratios: list[float]) -> None:
+    median = float(np.median(ratios))
+    assert median <= MEDIAN_RATIO, (
+        f"{name}: over {len(ratios)} tensors of {PANEL} fixed cases the engine's float32 error "
+        f"is a median {median:.2f}x torch's (at most {MEDIAN_RATIO})"
+    )
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_layer_float32_no_worse_than_torch(kind):
+    ratios = []
+    for seed in range(PANEL):
+        ratios += judged_ratios(*draw(kind, seed))
+    assert_median_no_worse_than_torch(kind, ratios)
+
+
+@pytest.mark.parametrize("model_kind", ["seq2seq", "gpt"])
+def test_model_float32_no_worse_than_torch(model_kind):
+    ratios = []
+    for seed in range(PANEL):
+        model, batch = model_case(model_kind, seed)
+        rng = np.random.default_rng(seed)
+        dlogits = rng.standard_normal(model.forward(*batch[:-1])[0].shape)
+        ratios += judged_ratios(*model_float32_checks(model, batch, dlogits, rng))
+    assert_median_no_worse_than_torch(model_kind, ratios)
