@@ -100,7 +100,11 @@ def check_layer(case: LayerCase, rng: np.random.Generator, float32: bool = True)
 
 def _engine_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
     out, cache = case.forward(inputs)
-    return {"output": out} | {f"d{key}": g for key, g in case.backward(dout, cache).items()}
+    grads = case.backward(dout, cache)
+    for key, grad in grads.items():  # the contract: a backward returns fresh arrays
+        shared = [name for name, x in {"dout": dout, **inputs}.items() if np.shares_memory(grad, x)]
+        assert not shared, f"{case.name}: d{key} shares memory with {shared}"
+    return {"output": out} | {f"d{key}": g for key, g in grads.items()}
 
 
 def _torch_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:

@@ -172,3 +172,36 @@ def test_step_with_max_grad_norm_equals_clip_then_step():
             np.testing.assert_array_equal(fused[key], separate[key])
             np.testing.assert_array_equal(grads[key], before[key])  # grads are not modified
     assert fused_opt.step(fused, grads) is None  # no max_grad_norm: no norm computed
+
+
+def test_clipping_float32_gradients_sums_their_squares_in_float64():
+    """A float32 sum of squares loses digits over many entries and overflows past ~1.8e19:
+    the global norm must be the float64 one, and an entry of 1e20 must not zero the rest."""
+    rng = np.random.default_rng(0)
+    grads = {"w": rng.standard_normal(1_000_000).astype(np.float32)}
+    exact = float(np.linalg.norm(grads["w"].astype(np.float64)))
+    _, norm = clip_grad_norm(grads, max_norm=1.0)
+    assert abs(norm - exact) <= 1e-12 * exact, f"norm {norm!r} vs float64 {exact!r}"
+    huge = {"w": np.array([1e20, 3.0], dtype=np.float32)}
+    clipped, norm = clip_grad_norm(huge, max_norm=1.0)
+    assert abs(norm - 1e20) <= 1e-6 * 1e20
+    assert np.isfinite(clipped["w"]).all() and clipped["w"][0] > 0.99
+    assert clipped["w"][1] > 0, "the small entry was zeroed: the norm overflowed to inf"
+
+
+def test_step_on_copies_updates_the_copies_and_leaves_the_model_alone():
+    """An optimizer built on the model's params, stepped with copies of them, must update the
+    copies it is given, not the model's own buffer."""
+    import numpy_engine as ne
+
+    model = ne.MiniGPT(ne.GPTConfig(n_layers=1, dtype="float64"), seed=0)
+    originals = {key: value.copy() for key, value in model.params.items()}
+    copies = {key: value.copy() for key, value in model.params.items()}
+    optimizer, reference = AdamW(model.params, lr=0.01), AdamW(originals, lr=0.01)
+    expected = {key: value.copy() for key, value in originals.items()}
+    grads = {key: np.ones_like(value) for key, value in model.params.items()}
+    optimizer.step(copies, grads)
+    reference.step(expected, grads)
+    for key in copies:
+        np.testing.assert_array_equal(copies[key], expected[key])
+        np.testing.assert_array_equal(model.params[key], originals[key])
