@@ -122,6 +122,9 @@ def layernorm_forward(
 ) -> tuple:
     """Normalise the last axis with the biased variance, then scale and shift."""
     xc = x - mean_last(x)  # (..., C)
+    # The mean rounds at u |x|, which where |mean| >> std is far more than u std: one more
+    # pass over xc, whose own mean is that rounding, removes it (the corrected two-pass).
+    xc -= mean_last(xc)
     var = dot_last(xc, xc) * (1.0 / x.shape[-1])  # (..., 1) biased, as torch.nn.LayerNorm
     rstd = 1.0 / np.sqrt(var + eps)  # (..., 1)
     xhat = xc

@@ -34,6 +34,7 @@ FLOAT64_ATOL = 1e-12
 FLOAT32_UNIT = 2.0**-24  # u: float32 rounds each result to within a relative u
 FLOAT32_GROWTH = 32.0
 FLOAT32_FLOOR = 0.05
+EXACT_ENTRIES = 16  # sensitivities moves groups this small one entry at a time
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # 1.2e-38: below it, no relative precision
 
 
@@ -93,37 +94,46 @@ def sensitivities(
     draws: int = 2,
 ) -> dict[str, float]:
     """How far each output of run moves, in norm, when the inputs move by float32's unit
-    roundoff of themselves: the first-order size of a backward-stable computation's error.
+    roundoff of themselves: the first-order size of a backward-stable computation's error,
+    as independent roundings of every input entry would move it (their RMS).
 
-    Each group of inputs (each input alone, or all together when per_input is False) is moved
-    by u x (every entry up) and by u x g for Gaussian g (draws times): the first is exact
-    for an output that one entry drives, the second measures sums of many terms, whose signs
-    the first may cancel. Per group the larger (the Gaussians by their RMS); the groups add in
-    quadrature, as independent roundings do. run(inputs) -> {name: array}, in float64 (its
-    own rounding, ~1e-16 of the outputs, is far below the ~1e-7 change measured)."""
+    A group of inputs (each input alone, or all together when per_input is False) of at most
+    EXACT_ENTRIES entries is moved one entry at a time, and the changes add in quadrature:
+    exact. A larger group is moved by u x g for Gaussian g, draws times (the RMS of the
+    changes estimates the same sum, and many entries make it steady), and by u x, every
+    entry up (exact for an output that one entry drives). Groups add in quadrature.
+    run(inputs) -> {name: array}, in float64 (its own rounding, ~1e-16 of the outputs, is
+    far below the ~1e-7 change measured)."""
     base = run(inputs)
 
     def change(moved: dict) -> dict[str, float]:
         out = run({**inputs, **moved})
         return {key: float(np.linalg.norm(out[key] - base[key])) ** 2 for key in base}
 
+    def moved_by(key: str, factor) -> np.ndarray:
+        return inputs[key] * (1.0 + FLOAT32_UNIT * factor)
+
     groups = [[key] for key in inputs] if per_input else [list(inputs)]
     total = dict.fromkeys(base, 0.0)
     for group in groups:
-        up = change({key: inputs[key] * (1.0 + FLOAT32_UNIT) for key in group})
+        if sum(np.size(inputs[key]) for key in group) <= EXACT_ENTRIES:
+            for key in group:
+                for i in range(np.size(inputs[key])):
+                    one = np.zeros(np.shape(inputs[key]))
+                    one.flat[i] = 1.0
+                    for name, value in change({key: moved_by(key, one)}).items():
+                        total[name] += value
+            continue
+        up = change({key: moved_by(key, 1.0) for key in group})
         random = [
             change(
-                {
-                    key: inputs[key]
-                    * (1.0 + FLOAT32_UNIT * rng.standard_normal(np.shape(inputs[key])))
-                    for key in group
-                }
+                {key: moved_by(key, rng.standard_normal(np.shape(inputs[key]))) for key in group}
             )
             for _ in range(draws)
         ]
-        for key in base:
-            total[key] += max(up[key], sum(r[key] for r in random) / draws)
-    return {key: float(np.sqrt(value)) for key, value in total.items()}
+        for name in base:
+            total[name] += max(up[name], sum(r[name] for r in random) / draws)
+    return {name: float(np.sqrt(value)) for name, value in total.items()}
 
 
 def float32_checks(ours32: dict, golden: dict, sensitivity: dict) -> dict[str, Float32Check]:
