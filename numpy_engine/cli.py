@@ -66,7 +66,6 @@ def add_train_command(commands) -> None:
     train.add_argument(
         "--seed",
         type=int,
-        default=7,
         help="seeds the data split, the initial weights and the batches (default: 7)",
     )
     train.add_argument(
@@ -74,23 +73,20 @@ def add_train_command(commands) -> None:
         type=positive_float,
         help="learning rate (default: 1e-3 Adam for copy/reverse, 3e-3 AdamW for char-lm)",
     )
-    train.add_argument("--batch-size", type=positive_int, default=32, help="default: 32")
+    train.add_argument("--batch-size", type=positive_int, help="sequences per step (default: 32)")
     train.add_argument(
         "--clip",
         type=positive_float,
-        default=1.0,
         help="clip the global gradient norm to this (default: 1.0)",
     )
     train.add_argument(
         "--eval-every",
         type=positive_int,
-        default=100,
         help="copy/reverse: evaluate on the held-out split every N steps (default: 100)",
     )
     train.add_argument(
         "--context",
         type=positive_int,
-        default=32,
         help="char-lm: characters per training window (default: 32)",
     )
     train.add_argument(
@@ -107,9 +103,13 @@ def add_train_command(commands) -> None:
         metavar="N",
         help="with --out: also save checkpoint.npz every N steps, for --resume",
     )
-    train.add_argument("--resume", metavar="DIR",
-                       help="continue the run whose checkpoint is in DIR (no TASK); bit for bit "
-                       "as if it had not stopped")  # fmt: skip
+    train.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run whose checkpoint is in DIR (no TASK), bit for bit as if it had "
+        "not stopped; with --steps N, train it on to step N. Its other settings are the "
+        "checkpoint's: a flag that differs from them is refused",
+    )
     train.add_argument(
         "--plot",
         action="store_true",
@@ -137,25 +137,29 @@ def add_generate_command(commands) -> None:
         type=int,
         nargs="+",
         metavar="ID",
-        help="copy/reverse: the source symbols, ids 4..11 (e.g. --source 4 7 9)",
+        help="copy/reverse: the source symbols, ids 4..11 (e.g. --source 4 7 9); the output "
+        "ends at EOS (2)",
     )
     what.add_argument("--prompt", help='char-lm: the text to continue (e.g. --prompt "to ")')
     gen.add_argument(
         "--max-new-tokens",
         type=positive_int,
-        help="tokens to generate (default: 4 for copy/reverse, EOS included; 80 for char-lm)",
+        help="tokens to generate (default: copy/reverse the source's length + 1, EOS included; "
+        "char-lm 80)",
     )
     gen.add_argument(
         "--temperature",
         type=float,
-        default=0.0,
-        help="char-lm: 0 is greedy; above 0 samples from softmax(logits / T) (default: 0)",
+        help="char-lm: 0 is greedy; above 0 samples from softmax(logits / T) (default: 0, or 1 "
+        "with --top-k / --top-p)",
     )
-    gen.add_argument("--top-k", type=positive_int, help="char-lm: sample among the k likeliest")
+    gen.add_argument(
+        "--top-k", type=positive_int, help="char-lm: sample among the k likeliest (samples)"
+    )
     gen.add_argument(
         "--top-p",
         type=positive_float,
-        help="char-lm: sample among the likeliest whose mass reaches p (0 < p <= 1)",
+        help="char-lm: sample among the likeliest whose mass reaches p, 0 < p <= 1 (samples)",
     )
     gen.add_argument("--seed", type=int, default=0, help="char-lm: the sampler's seed (default: 0)")
     gen.add_argument("--no-cache", action="store_true",
@@ -181,8 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
 # -------------------------------------------------------------------------- commands
 
 
+RUN_FLAGS = ("steps", "seed", "lr", "batch_size", "clip", "eval_every", "context")  # config fields
+
+
 def run_train(args: argparse.Namespace) -> int:
     from numpy_engine import train
+    from numpy_engine.memory import keep_freed_memory
 
     stream = None if args.quiet else sys.stderr
     if args.plot:
@@ -193,15 +201,18 @@ def run_train(args: argparse.Namespace) -> int:
             raise ValueError("--plot needs --out DIR (where loss.png goes)")
     if args.checkpoint_every and not (args.out or args.resume):
         raise ValueError("--checkpoint-every needs --out DIR (where the checkpoints go)")
+    given = {name: getattr(args, name) for name in RUN_FLAGS if getattr(args, name) is not None}
+    keep_freed_memory()  # each step reuses the last one's pages (numpy_engine/memory.py)
     if args.resume:
         if args.task:
             raise ValueError("--resume continues a saved run: give no TASK with it")
-        run = train.resume(args.resume, stream, args.checkpoint_every)
+        _check_resume_flags(args, given)
+        run = train.resume(args.resume, stream, args.checkpoint_every, given.get("steps"))
         out = args.resume
     else:
         if not args.task:
             raise ValueError("give a TASK (copy, reverse or char-lm) or --resume DIR")
-        run, out = _train_new(args, stream), args.out
+        run, out = _train_new(args, given, stream), args.out
     if out:
         train.save_run(run, out)
         run.result["out"] = str(out)
@@ -213,54 +224,114 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_new(args: argparse.Namespace, stream):
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_resume_flags(args: argparse.Namespace, given: dict) -> None:
+    """A resumed run keeps its checkpoint's settings: refuse a flag that would change one."""
+    from numpy_engine.checkpoint import load_checkpoint
+
+    if args.text:
+        raise ValueError(
+            "--text conflicts with --resume: the run trains on the text it was saved with"
+        )
+    saved = load_checkpoint(args.resume).meta.get("train_config", {})
+    for name, value in given.items():
+        if name != "steps" and name in saved and value != saved[name]:
+            raise ValueError(
+                f"{_flag(name)} {value} conflicts with the checkpoint's {name}={saved[name]}: "
+                "a resumed run keeps the settings it was started with (only --steps may change)"
+            )
+        if name not in saved:
+            raise ValueError(f"{_flag(name)} does not apply to the run in {args.resume}")
+
+
+def _train_new(args: argparse.Namespace, given: dict, stream):
     from numpy_engine import train
     from numpy_engine.tasks import read_text
 
-    steps = args.steps or TASK_DEFAULTS[args.task]["steps"]
-    lr = args.lr or TASK_DEFAULTS[args.task]["lr"]
+    settings = {**TASK_DEFAULTS[args.task], **given}  # the rest: the config class's defaults
     checkpointing = None
     if args.checkpoint_every:
         checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every)
     if args.task == "char-lm":
         text = read_text(args.text) if args.text else None
-        cfg = train.CharTrainConfig(steps=steps, seed=args.seed, lr=lr, batch_size=args.batch_size,
-                                    context=args.context, clip=args.clip)  # fmt: skip
-        return train.train_char_lm(cfg, text, stream, checkpointing)
-    if args.text:
-        raise ValueError("--text is for char-lm only")
-    cfg = train.SequenceTrainConfig(task=args.task, steps=steps, seed=args.seed, lr=lr,
-                                    batch_size=args.batch_size, clip=args.clip,
-                                    eval_every=args.eval_every)  # fmt: skip
+        return train.train_char_lm(train.CharTrainConfig(**settings), text, stream, checkpointing)
+    for flag in ("text", "context"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"{_flag(flag)} is for char-lm only")
+    cfg = train.SequenceTrainConfig(task=args.task, **settings)
     return train.train_sequence_task(cfg, None, stream, checkpointing)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from numpy_engine.checkpoint import load_checkpoint
-    from numpy_engine.generate import generate, greedy_decode
-    from numpy_engine.tasks import CharCorpus
 
     checkpoint = load_checkpoint(args.checkpoint)
-    meta, model = checkpoint.meta, checkpoint.model
-    if meta.get("task") == "char-lm":
-        if args.prompt is None:
-            raise ValueError("this is a char-lm checkpoint: give --prompt, not --source")
-        corpus = CharCorpus(meta["vocabulary"])
-        ids = corpus.encode(args.prompt)
-        if len(ids) == 0:
-            raise ValueError("--prompt is empty")
-        out = generate(model, ids, args.max_new_tokens or 80, args.temperature, args.top_k,
-                       args.top_p, seed=args.seed, use_cache=not args.no_cache)  # fmt: skip
-        print(corpus.decode(out[0]))
-        return 0
+    if checkpoint.meta.get("task") == "char-lm":
+        return _generate_text(args, checkpoint)
+    return _generate_sequence(args, checkpoint.model)
+
+
+def _sampling(args: argparse.Namespace) -> float:
+    """The temperature: as given; 1 where only --top-k or --top-p asks to sample; else 0."""
+    asks_to_sample = args.top_k is not None or args.top_p is not None
+    if args.temperature is None:
+        return 1.0 if asks_to_sample else 0.0
+    if args.temperature == 0 and asks_to_sample:
+        raise ValueError(
+            "--top-k and --top-p sample: they need --temperature above 0 (0 is greedy)"
+        )
+    return args.temperature
+
+
+def _generate_text(args: argparse.Namespace, checkpoint) -> int:
+    from numpy_engine.generate import generate
+    from numpy_engine.tasks import CharCorpus
+
+    if args.prompt is None:
+        raise ValueError("this is a char-lm checkpoint: give --prompt, not --source")
+    ids = CharCorpus(checkpoint.meta["vocabulary"]).encode(args.prompt)
+    if len(ids) == 0:
+        raise ValueError("--prompt is empty")
+    temperature, max_new = _sampling(args), args.max_new_tokens or 80
+    out = generate(
+        checkpoint.model,
+        ids,
+        max_new,
+        temperature,
+        args.top_k,
+        args.top_p,
+        args.seed,
+        use_cache=not args.no_cache,
+    )
+    print(CharCorpus(checkpoint.meta["vocabulary"]).decode(out[0]))
+    return 0
+
+
+def _generate_sequence(args: argparse.Namespace, model) -> int:
+    from numpy_engine.generate import greedy_decode
+    from numpy_engine.tasks import EOS, PAD, SYMBOLS
+
     if args.source is None:
         raise ValueError("this is a copy/reverse checkpoint: give --source, not --prompt")
-    vocab = model.config.vocab_size
-    if any(not 0 < i < vocab for i in args.source):
-        raise ValueError(f"--source ids must be in 1..{vocab - 1}, got {args.source}")
-    source = np.array([args.source])
-    generated = greedy_decode(model, source, args.max_new_tokens or 4, use_cache=not args.no_cache)
-    print(" ".join(str(int(i)) for i in generated[0]))
+    if any(value is not None for value in (args.temperature, args.top_k, args.top_p)):
+        raise ValueError(
+            "--temperature, --top-k and --top-p are for char-lm checkpoints; "
+            "copy/reverse decode greedily"
+        )
+    outside = [i for i in args.source if i not in SYMBOLS]
+    if outside:
+        raise ValueError(
+            f"--source ids must be symbols {SYMBOLS[0]}..{SYMBOLS[-1]}, got {outside} "
+            f"(0, 1, 2 are PAD, BOS and EOS; the model adds them itself)"
+        )
+    max_new = args.max_new_tokens or len(args.source) + 1  # the symbols, then EOS
+    generated = greedy_decode(model, np.array([args.source]), max_new, not args.no_cache)[0]
+    shown = [int(i) for i in generated if i != PAD]  # greedy_decode pads after EOS
+    shown = shown[: shown.index(EOS) + 1] if EOS in shown else shown
+    print(" ".join(map(str, shown)))
     return 0
 
 
@@ -281,18 +352,26 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TORCH_COMMANDS:
         return forward_to_torch_reference(argv)
+    from numpy_engine.train import TrainingDiverged
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.run(args)
+        # an overflow or invalid operation is an error with a message, never a raw warning
+        with np.errstate(over="raise", invalid="raise", divide="raise"):
+            return args.run(args)
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (ValueError, TypeError, OSError) as error:  # the user's input: a message, no traceback
         print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except RuntimeError as error:  # training diverged: the last checkpoint is intact
+    except TrainingDiverged as error:  # the last checkpoint is intact
         print(f"numpy-engine {args.command}: stopped: {error}", file=sys.stderr)
+        return 1
+    except (MemoryError, FloatingPointError) as error:
+        kind = "out of memory" if isinstance(error, MemoryError) else "numerical error"
+        print(f"numpy-engine {args.command}: stopped: {kind}: {error}", file=sys.stderr)
         return 1
 
 

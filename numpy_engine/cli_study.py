@@ -6,6 +6,23 @@ import argparse
 import json
 from pathlib import Path
 
+MAX_ENTRIES = 64
+
+
+def int_in(low: int, high: int):
+    """An argparse type: an integer from low to high, else a message naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
+        return value
+
+    return parse
+
 
 def add_study_commands(commands) -> None:
     attention = commands.add_parser(
@@ -59,9 +76,10 @@ def add_study_commands(commands) -> None:
     grads.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
     grads.add_argument(
         "--entries",
-        type=int,
+        type=int_in(1, MAX_ENTRIES),
         default=4,
-        help="sampled entries per parameter for finite differences (default: 4)",
+        help=f"sampled entries per parameter for finite differences, 1..{MAX_ENTRIES} (each costs "
+        "about 20 forward passes) (default: 4)",
     )
     grads.add_argument("--plot", metavar="PNG", help="also draw the gradient norms as bars")
     grads.set_defaults(run=run_grads)
@@ -78,6 +96,12 @@ def run_attention(args: argparse.Namespace) -> int:
         if args.prompt is None:
             raise ValueError("this is a char-lm checkpoint: give --prompt, not --source")
         corpus = CharCorpus(checkpoint.meta["vocabulary"])
+        context = checkpoint.model.config.max_len
+        if not 0 < len(args.prompt) <= context:
+            raise ValueError(
+                f"--prompt has {len(args.prompt)} characters; this model attends over 1 to "
+                f"{context}, and the picture shows each of them"
+            )
         panels = gpt_attention(checkpoint.model, corpus.encode(args.prompt), list(args.prompt))
     else:
         if args.source is None:

@@ -31,3 +31,26 @@ def keep_freed_memory() -> bool:
     trimmed = mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
     mapped = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
     return bool(trimmed and mapped)
+
+
+def available_bytes() -> int | None:
+    """Memory the system can give this process now (Linux's MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the file counts in KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(what: str, needed: int) -> None:
+    """ValueError, saying how much is needed, when `needed` bytes exceed what is available."""
+    available = available_bytes()
+    if available is not None and needed > available:
+        gib = 2**30
+        raise ValueError(
+            f"{what} would need about {needed / gib:.1f} GiB for one training step; "
+            f"{available / gib:.1f} GiB are available"
+        )

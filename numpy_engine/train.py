@@ -13,7 +13,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TextIO
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.generate import generate, greedy_decode
-from numpy_engine.memory import keep_freed_memory
+from numpy_engine.memory import check_fits
 from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
 from numpy_engine.optim import Adam, AdamW, Optimizer
 from numpy_engine.tasks import DEFAULT_TEXT, EOS, PAD, CharCorpus, Split, sequence_task
@@ -124,6 +124,24 @@ def check_finite(step: int, loss: float, grads: dict[str, np.ndarray]) -> None:
             )
 
 
+def _loss_and_grads(state: TrainState, step: int, next_batch: Callable) -> tuple:
+    """One batch's loss and gradients; an overflow or invalid operation anywhere in them is
+    TrainingDiverged, naming the step and the largest parameter (a value past float's range
+    can hide in a finite loss: an infinite variance makes layernorm's output 0)."""
+    try:
+        with np.errstate(over="raise", invalid="raise", divide="raise"):
+            return state.model.loss_and_grads(*next_batch(state.sampler))
+    except FloatingPointError as error:
+        params = state.model.params
+        largest = max(params, key=lambda key: float(np.max(np.abs(params[key]))))
+        size = float(np.max(np.abs(params[largest])))
+        raise TrainingDiverged(
+            f"step {step}: {error} in the forward or backward pass; the largest parameter is "
+            f"{largest!r} (|max| {size:.3g}): the learning rate may be too large; "
+            "stopped before updating"
+        ) from None
+
+
 def _loop(
     state: TrainState,
     cfg,
@@ -137,14 +155,12 @@ def _loop(
 
     Saves a checkpoint every checkpointing.every steps; returns the run's timing.
     """
-    keep_freed_memory()  # each step reuses the last one's pages (see numpy_engine/memory.py)
     history, first_step, last_saved = state.history, state.step, None
     progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
     while state.step < cfg.steps:
         step = state.step + 1
-        with np.errstate(over="ignore", invalid="ignore"):  # check_finite reports it instead
-            loss, grads = state.model.loss_and_grads(*next_batch(state.sampler))
         try:
+            loss, grads = _loss_and_grads(state, step, next_batch)
             check_finite(step, loss, grads)
         except TrainingDiverged as error:
             if last_saved is None:
@@ -167,6 +183,25 @@ def _loop(
     speed = (cfg.steps - first_step) / max(seconds, 1e-9)
     return {"resumed_from_step": first_step, "seconds": round(seconds, 3),
             "steps_per_second": round(speed, 1)}  # fmt: skip
+
+
+def check_step_fits(
+    what: str, cfg, layers: int, tokens: int, attention_cells: int, logit_rows: int
+) -> None:
+    """Refuse, up front, a step whose activations cannot fit in memory. A generous estimate:
+    per layer and token ~16 d_model + 4 d_ff cached values and gradients, 3 per attention
+    score (scores, weights, their gradient), 4 per logit (logits, log-probs, gradient, a copy)."""
+    per_token = 16 * cfg.d_model + 4 * cfg.d_ff
+    values = layers * (tokens * per_token + 3 * attention_cells) + 4 * logit_rows * cfg.vocab_size
+    check_fits(f"{what} ({tokens:,} tokens a step)", values * np.dtype(cfg.dtype).itemsize)
+
+
+FINAL_LOSS_STEPS = 10
+
+
+def final_train_loss(history: dict) -> float:
+    """The mean training loss of the last FINAL_LOSS_STEPS steps (one batch's loss is noisy)."""
+    return float(np.mean(history["train_loss"][-FINAL_LOSS_STEPS:]))
 
 
 def _meta(task: str, cfg, state: TrainState, **extra) -> dict:
@@ -202,8 +237,14 @@ def train_sequence_task(
     """Train (or, given a state from a checkpoint, continue training) the copy/reverse model."""
     _check_run_config(cfg)
     task = sequence_task(cfg.task, seed=cfg.seed)
+    model_cfg = state.model.config if state else model_config or Seq2SeqConfig()
+    S, T = task.train.source.shape[1], task.train.target.shape[1]
+    layers = model_cfg.n_encoder_layers + model_cfg.n_decoder_layers
+    cells = cfg.batch_size * model_cfg.n_heads * (S + T) ** 2  # self- and cross-attention
+    what = f"batch_size={cfg.batch_size}"
+    check_step_fits(what, model_cfg, layers, cfg.batch_size * (S + T), cells, cfg.batch_size * T)
     if state is None:
-        model = Seq2SeqTransformer(model_config or Seq2SeqConfig(), seed=cfg.seed)
+        model = Seq2SeqTransformer(model_cfg, seed=cfg.seed)
         history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
         sampler = np.random.default_rng([cfg.seed, 1])
         state = TrainState(model, Adam(model.params, lr=cfg.lr), sampler, 0, history)
@@ -232,7 +273,7 @@ def train_sequence_task(
         "task": cfg.task, "seed": cfg.seed, "steps": cfg.steps,
         "train_size": len(task.train), "test_size": len(task.test),
         "initial_train_loss": state.history["train_loss"][0],
-        "final_train_loss": state.history["train_loss"][-1],
+        "final_train_loss": final_train_loss(state.history),
         "heldout_loss": final["heldout_loss"], "exact_match": final["exact_match"],
         **timing, "examples": examples,
     }  # fmt: skip
@@ -253,8 +294,12 @@ def train_char_lm(
     _check_run_config(cfg)
     text = DEFAULT_TEXT if text is None else text
     corpus = CharCorpus(text)
+    config = state.model.config if state else GPTConfig(corpus.vocab_size, max_len=cfg.context)
+    tokens = cfg.batch_size * cfg.context
+    what = f"batch_size={cfg.batch_size} with context={cfg.context}"
+    cells = tokens * config.n_heads * cfg.context
+    check_step_fits(what, config, config.n_layers, tokens, cells, tokens)
     if state is None:
-        config = GPTConfig(vocab_size=corpus.vocab_size, max_len=cfg.context)
         model = MiniGPT(config, seed=cfg.seed)
         optimizer = AdamW(model.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         history = {"step": [], "train_loss": [], "grad_norm": []}
@@ -269,12 +314,11 @@ def train_char_lm(
     timing = _loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta)
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
     sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
-    losses = state.history["train_loss"]
     result = {
         "task": "char-lm", "seed": cfg.seed, "steps": cfg.steps,
         "corpus_characters": len(corpus.ids), "vocab_size": corpus.vocab_size,
-        "initial_train_loss": losses[0],
-        "final_train_loss": float(np.mean(losses[-10:])),  # mean of the last 10
+        "initial_train_loss": state.history["train_loss"][0],
+        "final_train_loss": final_train_loss(state.history),
         **timing, "prompt": prompt, "greedy_sample": sample,
     }  # fmt: skip
     return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
@@ -293,9 +337,15 @@ def save_run(run: TrainRun, out_dir: str | Path) -> Path:
     return out
 
 
-def resume(out_dir: str | Path, progress_stream: TextIO | None = sys.stderr,
-           checkpoint_every: int | None = None) -> TrainRun:  # fmt: skip
-    """Continue the run whose checkpoint is in out_dir, to its configured number of steps."""
+def resume(
+    out_dir: str | Path,
+    progress_stream: TextIO | None = sys.stderr,
+    checkpoint_every: int | None = None,
+    steps: int | None = None,
+) -> TrainRun:
+    """Continue the run whose checkpoint is in out_dir, to its configured number of steps, or
+    to `steps` (more than it has done): the same parameters, bit for bit, as a run asked for
+    that many steps from the start (the learning rate has no schedule that steps would set)."""
     checkpoint = load_checkpoint(out_dir)
     meta = checkpoint.meta
     missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
@@ -303,18 +353,24 @@ def resume(out_dir: str | Path, progress_stream: TextIO | None = sys.stderr,
         raise ValueError(
             f"checkpoint in {out_dir} cannot be resumed: its meta lacks {sorted(missing)}"
         )
+    char_lm = meta["task"] == "char-lm"
+    cfg = (CharTrainConfig if char_lm else SequenceTrainConfig)(**meta["train_config"])
+    cfg = replace(cfg, steps=steps or cfg.steps)
+    if meta["step"] >= cfg.steps:
+        raise ValueError(
+            f"the run in {out_dir} has done {meta['step']} steps of {cfg.steps}: nothing to "
+            f"resume; give --steps N with N > {meta['step']} to train it further"
+        )
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]
     model = checkpoint.model
     checkpointing = Checkpointing(Path(out_dir), checkpoint_every) if checkpoint_every else None
-    if meta["task"] == "char-lm":
-        cfg = CharTrainConfig(**meta["train_config"])
+    if char_lm:
         optimizer = AdamW(model.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        optimizer.load_state_dict(checkpoint.optimizer_state)
-        state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
-        return train_char_lm(cfg, meta["text"], progress_stream, checkpointing, state)
-    cfg = SequenceTrainConfig(**meta["train_config"])
-    optimizer = Adam(model.params, lr=cfg.lr)
+    else:
+        optimizer = Adam(model.params, lr=cfg.lr)
     optimizer.load_state_dict(checkpoint.optimizer_state)
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
+    if char_lm:
+        return train_char_lm(cfg, meta["text"], progress_stream, checkpointing, state)
     return train_sequence_task(cfg, None, progress_stream, checkpointing, state)

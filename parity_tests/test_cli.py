@@ -60,7 +60,9 @@ def test_generate_from_a_copy_checkpoint(copy_dir):
     result = run_cli("generate", "--checkpoint", str(copy_dir[0]), "--source", "4", "7", "9")
     assert result.returncode == 0, result.stderr
     tokens = [int(t) for t in result.stdout.split()]
-    assert len(tokens) == 4 and all(0 <= t < 12 for t in tokens)
+    assert 1 <= len(tokens) <= 4 and all(1 < t < 12 for t in tokens), tokens  # no PAD, no BOS
+    assert tokens[-1] == 2 or len(tokens) == 4, tokens  # ends at EOS, or at 3 symbols + 1
+    assert 2 not in tokens[:-1], tokens
 
 
 def test_char_lm_trains_on_a_text_file_and_generates(tmp_path):
@@ -103,7 +105,7 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path, copy_dir):
         (["train", "char-lm", "--text", str(tmp_path / "empty.txt")], "is empty"),
         (["train", "char-lm", "--text", str(tmp_path / "none.txt")], "cannot read it"),
         (["generate", "--checkpoint", str(copy_dir[0]), "--prompt", "to"], "give --source"),
-        (["generate", "--checkpoint", str(copy_dir[0]), "--source", "4", "12"], "must be in 1..11"),
+        (["generate", "--checkpoint", str(copy_dir[0]), "--source", "4", "12"], "symbols 4..11"),
     ]
     for args, message in cases:
         result = run_cli(*args)

@@ -1,0 +1,195 @@
+"""The command line against careless input: each mistake a user made on a first run gets one
+line naming what was wrong and exit 2, or does what was asked; nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numpy_engine.checkpoint import load_checkpoint
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "numpy_engine", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def assert_refused(result: subprocess.CompletedProcess, *words: str, code: int = 2) -> None:
+    """Exit code, one line on stderr containing every word, no traceback, no raw warning."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, result.stderr
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "Warning" not in result.stderr, result.stderr
+    assert all(word in lines[0] for word in words), lines[0]
+
+
+@pytest.fixture(scope="module")
+def short_copy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("copy30")
+    result = run_cli("train", "copy", "--steps", "30", "--eval-every", "10", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_resume_with_more_steps_extends_the_run_bit_for_bit(tmp_path, short_copy):
+    whole = tmp_path / "whole"
+    assert (
+        run_cli(
+            "train", "copy", "--steps", "45", "--eval-every", "10", "--quiet", "--out", str(whole)
+        ).returncode
+        == 0
+    )
+    extended = tmp_path / "extended"
+    extended.mkdir()
+    for name in ("checkpoint.npz", "history.json", "result.json"):
+        (extended / name).write_bytes((short_copy / name).read_bytes())
+    result = run_cli("train", "--resume", str(extended), "--steps", "45", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["steps"] == 45
+    a, b = load_checkpoint(whole), load_checkpoint(extended)
+    assert a.meta["step"] == b.meta["step"] == 45
+    for key, value in a.model.params.items():
+        assert np.array_equal(value, b.model.params[key]), key  # bit for bit
+    assert a.meta["history"]["train_loss"] == b.meta["history"]["train_loss"]
+
+
+def test_resume_of_a_finished_run_says_so(short_copy):
+    assert_refused(run_cli("train", "--resume", str(short_copy)), "30 steps of 30", "--steps")
+    assert_refused(run_cli("train", "--resume", str(short_copy), "--steps", "20"), "30 steps")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--lr", "0.01", ["--lr 0.01", "lr=0.001"]),
+        ("--batch-size", "8", ["--batch-size 8", "batch_size=32"]),
+        ("--seed", "3", ["--seed 3", "seed=7"]),
+        ("--context", "8", ["--context", "does not apply"]),
+    ],
+)
+def test_resume_refuses_a_flag_that_conflicts_with_the_checkpoint(short_copy, flag, value, words):
+    before = (short_copy / "checkpoint.npz").read_bytes()
+    assert_refused(
+        run_cli("train", "--resume", str(short_copy), "--steps", "40", flag, value), *words
+    )
+    assert (short_copy / "checkpoint.npz").read_bytes() == before  # nothing lost
+
+
+def test_resume_accepts_a_flag_equal_to_the_checkpoints(tmp_path, short_copy):
+    run = tmp_path / "same"
+    run.mkdir()
+    (run / "checkpoint.npz").write_bytes((short_copy / "checkpoint.npz").read_bytes())
+    result = run_cli("train", "--resume", str(run), "--steps", "31", "--lr", "0.001", "--quiet")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "copy", "--batch-size", "10000000000"],
+        ["train", "char-lm", "--context", "100000", "--batch-size", "64"],
+    ],
+)
+def test_a_step_too_large_for_memory_is_refused_up_front(args):
+    result = run_cli(*args)
+    assert_refused(result, "would need about", "GiB", "available", "batch_size=")
+
+
+def test_an_overflow_stops_training_like_a_nan(tmp_path):
+    out = tmp_path / "diverging"
+    result = run_cli(
+        "train",
+        "copy",
+        "--lr",
+        "1e6",
+        "--steps",
+        "50",
+        "--out",
+        str(out),
+        "--checkpoint-every",
+        "1",
+        "--quiet",
+    )
+    assert_refused(result, "step", "overflow", "largest parameter", "intact", code=1)
+    saved = load_checkpoint(out)  # the last checkpoint before the overflow loads
+    assert all(np.isfinite(value).all() for value in saved.model.params.values())
+
+
+def test_generate_refuses_special_ids_and_prints_no_padding(short_copy):
+    assert_refused(
+        run_cli("generate", "--checkpoint", str(short_copy), "--source", "1", "2", "3"),
+        "--source",
+        "4..11",
+        "[1, 2, 3]",
+    )
+    result = run_cli("generate", "--checkpoint", str(short_copy), "--source", "5")
+    assert result.returncode == 0, result.stderr
+    tokens = [int(t) for t in result.stdout.split()]
+    assert 0 not in tokens and len(tokens) <= 2, tokens  # the symbol and EOS at most
+
+
+@pytest.mark.parametrize("entries", ["0", "1000000", "x"])
+def test_grads_entries_is_validated_and_bounded(entries):
+    result = run_cli("grads", "--entries", entries)
+    assert result.returncode == 2 and "argument --entries" in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("char")
+    result = run_cli(
+        "train", "char-lm", "--steps", "5", "--context", "8", "--out", str(out), "--quiet"
+    )
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_top_k_without_temperature_samples(char_run):
+    def sample(*flags):
+        result = run_cli(
+            "generate",
+            "--checkpoint",
+            str(char_run),
+            "--prompt",
+            "to ",
+            *flags,
+            "--max-new-tokens",
+            "40",
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    greedy = sample()
+    assert sample("--top-k", "5", "--seed", "1") != greedy  # it samples (temperature 1)
+    assert sample("--top-k", "5", "--seed", "1") == sample(
+        "--top-k", "5", "--temperature", "1", "--seed", "1"
+    )
+    refused = run_cli(
+        "generate",
+        "--checkpoint",
+        str(char_run),
+        "--prompt",
+        "to ",
+        "--top-k",
+        "5",
+        "--temperature",
+        "0",
+    )
+    assert_refused(refused, "--top-k", "--temperature")
+
+
+def test_attention_refuses_a_prompt_longer_than_the_context(char_run):
+    pytest.importorskip("matplotlib")
+    result = run_cli("attention", "--checkpoint", str(char_run), "--prompt", "to be " * 20)
+    assert_refused(result, "--prompt has 120 characters", "1 to 8")
+
+
+def test_final_train_loss_has_one_definition(short_copy, char_run):
+    for run in (short_copy, char_run):
+        result = json.loads((run / "result.json").read_text())
+        losses = json.loads((run / "history.json").read_text())["train_loss"]
+        assert result["final_train_loss"] == pytest.approx(np.mean(losses[-10:]), rel=1e-12)
