@@ -173,37 +173,42 @@ _GELU_A = 0.044715
 def gelu_forward(x: np.ndarray) -> tuple:
     """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh".
 
-    1 + tanh(u) is computed as 2 / (1 + exp(-2u)): for u well below 0, tanh(u) rounds near
-    -1 and 1 + tanh(u) would keep only the digits of that rounding (a unit whose inputs sit
-    deep in GELU's tail then gets a gradient of pure noise). Written in place on two
-    buffers: on (B*T, F) arrays each pass over memory costs about as much as the arithmetic
-    (and x**3 would call pow, ~100x slower than x*x*x).
+    With e = exp(-2u), 1 + tanh(u) = 2 / (1 + e), so out = x / (1 + e). tanh(u) itself rounds
+    near -1 (or 1) in GELU's tails, and 1 + tanh(u) (or 1 - tanh(u), in the backward) would
+    keep only the digits of that rounding: a unit whose inputs sit in a tail would get a
+    gradient of noise. Written in place on one buffer: on (B*T, F) arrays each pass over
+    memory costs about as much as the arithmetic (and x**3 would call pow, ~100x slower).
     """
-    u = x * x
-    u *= -2 * _GELU_K * _GELU_A
-    u -= 2 * _GELU_K
-    u *= x  # -2u, u = k (x + a x^3) = x (k + k a x^2)
-    with np.errstate(over="ignore"):  # exp(-2u) = inf far in the tail: then 1 + t = 2/inf = 0
-        np.exp(u, out=u)
-    u += 1.0
-    np.divide(2.0, u, out=u)  # 1 + t, t = tanh(...): the backward needs it too
-    out = x * 0.5
-    out *= u
-    cache = (x, u)
+    e = x * x
+    e *= -2 * _GELU_K * _GELU_A
+    e -= 2 * _GELU_K
+    e *= x  # -2u, u = k (x + a x^3) = x (k + k a x^2)
+    with np.errstate(over="ignore"):  # far in the lower tail e = inf: then out = x / inf = 0
+        np.exp(e, out=e)
+    out = e + 1.0
+    np.divide(x, out, out=out)
+    cache = (x, e)
     return out, cache
 
 
 def gelu_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
     """See docs/gradients.md#gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), factored as
-    (1 + t) (0.5 + (1 - t) 0.5 x k (1 + 3 a x^2)) since 1 - t^2 = (1 + t)(1 - t)."""
-    x, one_plus_t = cache
+    (1 + t) (0.5 + (1 - t) 0.5 x k (1 + 3 a x^2)) since 1 - t^2 = (1 + t)(1 - t), with
+    1 + t = 2 / (1 + e) and 1 - t = 2 / (1 + 1/e), each accurate in both tails."""
+    x, e = cache
     inner = x * x
     inner *= 1.5 * _GELU_K * _GELU_A
     inner += 0.5 * _GELU_K
     inner *= x  # 0.5 x k (1 + 3 a x^2)
-    dx = np.subtract(2.0, one_plus_t)  # 1 - t
+    with np.errstate(divide="ignore"):  # e = 0 far in the upper tail: 1/e = inf, 1 - t = 0
+        one_minus_t = np.reciprocal(e)
+    one_minus_t += 1.0
+    np.divide(2.0, one_minus_t, out=one_minus_t)
+    dx = one_minus_t
     dx *= inner
     dx += 0.5
+    one_plus_t = np.add(e, 1.0, out=inner)  # inner is not needed again
+    np.divide(2.0, one_plus_t, out=one_plus_t)
     dx *= one_plus_t
     dx *= dout
     return dx

@@ -60,3 +60,13 @@ def test_bad_flag_exits_2_with_a_message(capsys):
         main(["parity", "--model", "bert"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'bert'" in capsys.readouterr().err
+
+
+def test_rows_whose_true_value_is_zero_are_marked_as_judged_by_the_absolute_bound(capsys):
+    """A key bias's gradient is exactly 0: its relative difference (~1) is rounding over
+    rounding, so the row says it was judged by the absolute bound, and one line says why."""
+    assert main(["parity", "--model", "seq2seq"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    marked = [line.split()[0] for line in lines if "*" in line and line.endswith("pass")]
+    assert marked and all(name.endswith("k_proj.bias") for name in marked), marked
+    assert lines[-1].startswith("* true value ~0") and "absolute bound" in lines[-1]
