@@ -357,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        # an overflow or invalid operation is an error with a message, never a raw warning
-        with np.errstate(over="raise", invalid="raise", divide="raise"):
+        # an overflow or a division by zero is an error with a message, never a raw warning;
+        # invalid operations are silent (OpenBLAS can flag them spuriously) and a real NaN is
+        # caught where it matters (training's check_finite)
+        with np.errstate(over="raise", invalid="ignore", divide="raise"):
             return args.run(args)
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
