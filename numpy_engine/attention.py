@@ -117,7 +117,7 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache) -> tuple:
     # forward was y = weights @ v
     dweights = dy @ v.swapaxes(-1, -2)  # (B, H, Tq, Tk)
     dv = weights.swapaxes(-1, -2) @ dy  # (B, H, Tk, hs)
-    dscores = softmax_backward(dweights, weights)
+    dscores = softmax_backward(dweights, weights)  # forward was weights = softmax_last(scores)
     # forward was scores = (q * scale) @ k^T
     dq = dscores @ k
     dq *= scale  # (B, H, Tq, hs)
