@@ -18,7 +18,7 @@ roundings grows ~sqrt(d) u, not d u). FLOOR: a value that no input moves (a key 
 gradient, exactly 0 because softmax ignores a shift shared by every key) still carries the
 rounding of the sums it is made from, which are as large as the case's other gradients.
 TINY: below float32's smallest normal number a result has no relative precision.
-Over 2,000 random draws of every layer and both models the engine stays below 0.6 of this
+Over 2,000 random draws of every layer kind and both models the engine stays below 0.5 of this
 bound (`python -m parity_tests.float32_panel`); a formula that loses digits exceeds it many
 times (log(1 + small) without log1p: ~300x; E[x^2] - E[x]^2 for a variance: ~10^8x).
 """
