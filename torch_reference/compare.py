@@ -20,7 +20,9 @@ rounding of the sums it is made from, which are as large as the case's other gra
 TINY: below float32's smallest normal number a result has no relative precision.
 Over 2,000 random draws of every layer kind and both models the engine stays below 0.5 of this
 bound (`python -m parity_tests.float32_panel`); a formula that loses digits exceeds it many
-times (log(1 + small) without log1p: ~300x; E[x^2] - E[x]^2 for a variance: ~10^8x).
+times (the previous engine's confident cross-entropy, log(1 + small) without log1p: up to
+1,240x over 300 draws; E[x^2] - E[x]^2 for a variance at |mean| = 1000: 34x on the pinned
+case of test_layers.py).
 """
 
 from __future__ import annotations
