@@ -17,7 +17,7 @@ import torch_reference.modules as TM
 from numpy_engine import attention as A
 from numpy_engine import blocks
 from numpy_engine import layers as L
-from parity_tests.helpers import LayerCase, random_visible
+from parity_tests.helpers import LayerCase, params_of, random_visible
 
 
 def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -67,10 +67,6 @@ def decoder_block_params(rng, C, F_):
         **layernorm_params(rng, C, "ln3"),
         **ffn_params(rng, C, F_, "ffn."),
     }
-
-
-def params_of(inputs: dict, *not_params: str) -> dict:
-    return {key: value for key, value in inputs.items() if key not in not_params}
 
 
 def as_torch(visible: np.ndarray | None) -> torch.Tensor | None:
