@@ -175,24 +175,49 @@ class SelfAttentionCache(NamedTuple):
     attention: AttentionCache
     out_proj: tuple
     n_heads: int
+    past_length: int  # positions whose keys and values came from past (decoding)
+
+
+class KeysValues(NamedTuple):
+    """One attention layer's keys and values over the positions so far."""
+
+    k: np.ndarray  # (B, H, L, hs)
+    v: np.ndarray  # (B, H, L, hs)
+
+
+def keys_values(cache: SelfAttentionCache | CrossAttentionCache) -> KeysValues:
+    """The keys and values the attention read: the past and this call's, for the next step."""
+    return KeysValues(cache.attention.k, cache.attention.v)
 
 
 def self_attention_forward(
-    x: np.ndarray, p: dict[str, np.ndarray], n_heads: int, visible: np.ndarray | None
+    x: np.ndarray,
+    p: dict[str, np.ndarray],
+    n_heads: int,
+    visible: np.ndarray | None,
+    past: KeysValues | None = None,
 ) -> tuple:
     """Multi-head attention of x (B, T, C) over itself. p holds {q,k,v,out}_proj.{weight,bias}.
 
-    The three input projections run as one matmul with their weights stacked.
+    The three input projections run as one matmul with their weights stacked. With past,
+    the keys and values of earlier positions (B, H, L, hs), x's positions come after them:
+    its queries see past + x's keys, and keys_values(cache) is the next step's past
+    (incremental decoding; there is no backward through past).
     """
     qkv, qkv_cache = linear_forward(x, *_stacked(p, QKV))  # (B, T, 3C)
     q, k, v = split_heads(qkv, n_heads, n_parts=3)  # (B, H, T, hs) each
+    if past is not None:
+        k, v = np.concatenate([past.k, k], axis=2), np.concatenate([past.v, v], axis=2)
     y, attn_cache = attention_forward(q, k, v, visible)  # (B, H, T, hs)
     out, out_cache = linear_forward(merge_heads(y), p["out_proj.weight"], p["out_proj.bias"])
-    return out, SelfAttentionCache(qkv_cache, attn_cache, out_cache, n_heads)
+    past_length = 0 if past is None else past.k.shape[2]
+    return out, SelfAttentionCache(qkv_cache, attn_cache, out_cache, n_heads, past_length)
 
 
 def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tuple:
     """See docs/gradients.md#multi-head-attention. Returns (dx, grads keyed like p)."""
+    if cache.past_length:
+        raise ValueError("self_attention_backward: the forward read past keys and values")
     dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
     # merge_heads was a reshape, so split_heads undoes it on the gradient
     dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
@@ -209,18 +234,29 @@ class CrossAttentionCache(NamedTuple):
     n_heads: int
 
 
+def memory_keys_values(memory: np.ndarray, p: dict[str, np.ndarray], n_heads: int) -> tuple:
+    """Keys and values over memory (B, Tk, C) in one matmul: ((k, v), the projection's cache)."""
+    kv, kv_cache = linear_forward(memory, *_stacked(p, KV))  # (B, Tk, 2C)
+    return KeysValues(*split_heads(kv, n_heads, n_parts=2)), kv_cache  # (B, H, Tk, hs) each
+
+
 def cross_attention_forward(
     x: np.ndarray,
     memory: np.ndarray,
     p: dict[str, np.ndarray],
     n_heads: int,
     visible: np.ndarray | None,
+    memory_kv: KeysValues | None = None,
 ) -> tuple:
     """Queries from x (B, Tq, C); keys and values from memory (B, Tk, C), the encoder's
-    output. p holds {q,k,v,out}_proj.{weight,bias}; keys and values share one matmul."""
+    output. p holds {q,k,v,out}_proj.{weight,bias}; keys and values share one matmul.
+    memory_kv, memory_keys_values' (k, v) from an earlier call, skips that matmul
+    (incremental decoding; there is no backward through it)."""
     q, q_cache = linear_forward(x, p["q_proj.weight"], p["q_proj.bias"])  # (B, Tq, C)
-    kv, kv_cache = linear_forward(memory, *_stacked(p, KV))  # (B, Tk, 2C)
-    k, v = split_heads(kv, n_heads, n_parts=2)  # (B, H, Tk, hs) each
+    if memory_kv is None:
+        (k, v), kv_cache = memory_keys_values(memory, p, n_heads)
+    else:
+        (k, v), kv_cache = memory_kv, None
     y, attn_cache = attention_forward(split_heads(q, n_heads), k, v, visible)  # (B, H, Tq, hs)
     out, out_cache = linear_forward(merge_heads(y), p["out_proj.weight"], p["out_proj.bias"])
     return out, CrossAttentionCache(q_cache, kv_cache, attn_cache, out_cache, n_heads)
@@ -228,6 +264,8 @@ def cross_attention_forward(
 
 def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tuple:
     """See docs/gradients.md#multi-head-attention. Returns (dx, dmemory, grads keyed like p)."""
+    if cache.kv_proj is None:
+        raise ValueError("cross_attention_backward: the forward was given memory_kv")
     dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
     dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
     dx, dwq, dbq = linear_backward(merge_heads(dq), cache.q_proj)  # forward was q = q_proj(x)

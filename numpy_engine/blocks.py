@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine.attention import (
+    KeysValues,
     cross_attention_backward,
     cross_attention_forward,
     self_attention_backward,
@@ -50,14 +51,21 @@ class SelfBlockCache(NamedTuple):
 
 
 def self_attention_block_forward(
-    x: np.ndarray, p: dict, n_heads: int, visible: np.ndarray, activation: str
+    x: np.ndarray,
+    p: dict,
+    n_heads: int,
+    visible: np.ndarray,
+    activation: str,
+    past: KeysValues | None = None,
 ) -> tuple:
     """The encoder block, and under a causal mask MiniGPT's decoder-only block.
 
-    h = x + attn(ln1(x)); out = h + ffn(ln2(h)). x (B, T, C) -> (B, T, C).
+    h = x + attn(ln1(x)); out = h + ffn(ln2(h)). x (B, T, C) -> (B, T, C). past: the
+    attention's keys and values of earlier positions (see self_attention_forward);
+    keys_values(cache.attn) is the next step's.
     """
     xn, ln1 = _layernorm(x, p, "ln1")
-    a, attn = self_attention_forward(xn, sub(p, "attn."), n_heads, visible)  # (B, T, C)
+    a, attn = self_attention_forward(xn, sub(p, "attn."), n_heads, visible, past)  # (B, T, C)
     h = x + a
     hn, ln2 = _layernorm(h, p, "ln2")
     f, ffn = ffn_forward(hn, sub(p, "ffn."), activation)  # (B, T, C)
@@ -97,17 +105,21 @@ def decoder_block_forward(
     self_visible: np.ndarray,
     memory_visible: np.ndarray,
     activation: str,
+    past: KeysValues | None = None,
+    memory_kv: KeysValues | None = None,
 ) -> tuple:
     """Causal self-attention, cross-attention over memory (B, S, C), then the FFN.
 
     h1 = y + self_attn(ln1(y)); h2 = h1 + cross_attn(ln2(h1), memory); out = h2 + ffn(ln3(h2)).
+    For incremental decoding, past holds the self-attention's earlier keys and values and
+    memory_kv the cross-attention's over memory (see attention.py).
     """
     yn, ln1 = _layernorm(y, p, "ln1")
-    a, self_attn = self_attention_forward(yn, sub(p, "self_attn."), n_heads, self_visible)
+    a, self_attn = self_attention_forward(yn, sub(p, "self_attn."), n_heads, self_visible, past)
     h1 = y + a  # (B, T, C)
     h1n, ln2 = _layernorm(h1, p, "ln2")
     c, cross_attn = cross_attention_forward(
-        h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible
+        h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible, memory_kv
     )
     h2 = h1 + c  # (B, T, C)
     h2n, ln3 = _layernorm(h2, p, "ln3")

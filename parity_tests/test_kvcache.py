@@ -7,6 +7,7 @@ feed PAD after finishing, and MiniGPT prompts that outgrow max_len (the window s
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -92,3 +93,30 @@ def test_the_cache_really_skips_recomputation():
     for expected_length in (4, 5, 6):
         decoder.append(np.array([4]))
         assert decoder.kv[0].k.shape[2] == expected_length
+
+
+def test_no_backward_through_past_keys_and_values():
+    """past (and cross-attention's memory_kv) serve decoding: a backward through them would
+    have no input to return the past's gradient to, so it is refused."""
+    from numpy_engine.attention import (
+        cross_attention_backward,
+        cross_attention_forward,
+        keys_values,
+        memory_keys_values,
+        self_attention_backward,
+        self_attention_forward,
+    )
+    from numpy_engine.params import attention_params
+
+    rng = np.random.default_rng(0)
+    p = attention_params(lambda shape: rng.standard_normal(shape) / 2, 4)
+    x = rng.standard_normal((1, 3, 4))
+    out, cache = self_attention_forward(x[:, :2], p, 2, None)
+    out, cache = self_attention_forward(x[:, 2:], p, 2, None, past=keys_values(cache))
+    assert keys_values(cache).k.shape == (1, 2, 3, 2)  # two past positions and the new one
+    with pytest.raises(ValueError, match="past keys and values"):
+        self_attention_backward(out, cache)
+    memory_kv, _ = memory_keys_values(x, p, 2)
+    out, cache = cross_attention_forward(x, x, p, 2, None, memory_kv=memory_kv)
+    with pytest.raises(ValueError, match="memory_kv"):
+        cross_attention_backward(out, cache)
