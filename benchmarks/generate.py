@@ -21,8 +21,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 import numpy_engine as ne
+from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.generate import generate
-from torch_reference.convert import tensor, torch_model_for
 
 
 def torch_generate(module, prompt: np.ndarray, new_tokens: int, context: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
     numpy-engine train copy|reverse|char-lm [--steps --seed --lr --batch-size --out DIR ...]
     numpy-engine generate --checkpoint DIR (--source 4 7 9 | --prompt "to ") [--temperature ...]
-    numpy-engine parity | export | import | bench ...   (run by torch_reference/cli.py)
+    numpy-engine parity | export | import | bench ...   (run by crosscheck/cli.py)
 
 Progress goes to stderr, results (JSON, generated text) to stdout. A mistake in the
 input exits with status 2 and a one-line message.
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(commands)
     add_generate_command(commands)
     add_study_commands(commands)
-    for name, summary in TORCH_COMMANDS.items():  # listed in --help; run by torch_reference
+    for name, summary in TORCH_COMMANDS.items():  # listed in --help; run by crosscheck
         commands.add_parser(name, help=f"{summary} (needs the test extra)", add_help=False)
     return parser
 
@@ -335,23 +335,23 @@ def _generate_sequence(args: argparse.Namespace, model) -> int:
     return 0
 
 
-def forward_to_torch_reference(argv: list[str]) -> int:
-    """Run a PyTorch-backed command as its own program, `python -m torch_reference`.
+def forward_to_crosscheck(argv: list[str]) -> int:
+    """Run a PyTorch-backed command as its own program, `python -m crosscheck`.
 
     The engine never imports torch, not even lazily: parity, export, import and bench
-    live in torch_reference/cli.py, and this process only hands the arguments over.
+    live in crosscheck/cli.py, and this process only hands the arguments over.
     """
     if importlib.util.find_spec("torch") is None:
         print(f"numpy-engine {argv[0]}: error: this command needs PyTorch; install the test "
               "extra: pip install -e '.[test]'", file=sys.stderr)  # fmt: skip
         return 2
-    return subprocess.run([sys.executable, "-m", "torch_reference", *argv]).returncode
+    return subprocess.run([sys.executable, "-m", "crosscheck", *argv]).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TORCH_COMMANDS:
-        return forward_to_torch_reference(argv)
+        return forward_to_crosscheck(argv)
     from numpy_engine.train import TrainingDiverged
 
     parser = build_parser()

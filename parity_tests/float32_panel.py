@@ -1,6 +1,6 @@
 """Random float32 cases of every layer kind, for two uses: test_float32.py compares the engine's
 float32 error with torch's over a fixed panel of them, and run as a script it surveys many
-draws of every kind against the bound of torch_reference/compare.py:
+draws of every kind against the bound of crosscheck/compare.py:
 
     python -m parity_tests.float32_panel --draws 2000
 

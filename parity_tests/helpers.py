@@ -7,8 +7,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from numpy_engine.gradcheck import check_gradient, sample_indices
-from torch_reference.compare import (
+from crosscheck.compare import (
     FLOAT64_ATOL,
     FLOAT64_RTOL,
     Float32Check,
@@ -17,6 +16,7 @@ from torch_reference.compare import (
     float64_ok,
     sensitivities,
 )
+from numpy_engine.gradcheck import check_gradient, sample_indices
 
 FD_TOLERANCE = 1e-6  # float64 central differences; we see ~1e-8 and below
 WORST_ERRORS: dict[str, float] = {}  # check name -> worst error, printed after the run
@@ -168,7 +168,7 @@ def assert_all_close_float64(name: str, ours: dict, ref: dict) -> None:
 
 
 def assert_float32_within_bound(name: str, checks: dict[str, Float32Check]) -> None:
-    """Every tensor's float32 error within the bound of torch_reference/compare.py."""
+    """Every tensor's float32 error within the bound of crosscheck/compare.py."""
     record(
         f"float32 error/bound {name}", max(c.error / max(c.bound, 1e-300) for c in checks.values())
     )

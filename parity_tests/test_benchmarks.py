@@ -2,29 +2,37 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from benchmarks import generate as generate_benchmark
-from benchmarks import train_step
+from benchmarks.bench import CONFIGS, flops_per_step
+from benchmarks.matmul_floor import gpt_step_matmuls
+from crosscheck.cli import main as bench_command
 from numpy_engine import GPTConfig, MiniGPT
 from numpy_engine.cli import main
-from torch_reference.bench import CONFIGS, flops_per_step
-from torch_reference.matmul_floor import gpt_step_matmuls
 
 
 def test_generation_benchmark_runs_and_all_paths_agree(capsys):
     summary = generate_benchmark.main(["--tokens", "6", "--context", "8", "--repeats", "1"])
     assert summary["same_tokens"] is True
-    assert set(summary["paths"]) == {"engine, KV cache", "engine, no cache",
-                                     "torch_reference, no cache"}  # fmt: skip
+    assert set(summary["paths"]) == {
+        "engine, KV cache",
+        "engine, no cache",
+        "torch_reference, no cache",
+    }
     assert "tokens/s" in capsys.readouterr().out
 
 
-def test_train_step_benchmark_one_step_smoke(capsys):
-    args = train_step.parse(["--configs", "copy", "char-lm", "--steps", "1", "--warmup", "1"])
-    summary = train_step.main(args.configs, args.steps, args.warmup, args.threads, True, None)
+def test_train_step_benchmark_one_step_smoke(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert (
+        bench_command(["bench", "--configs", "copy", "char-lm", "--steps", "1", "--json", str(out)])
+        == 0
+    )
+    summary = json.loads(out.read_text())
     for name in ("copy", "char-lm"):
         row = summary["configs"][name]
         assert row["engine_ms"] > 0 and row["torch_ms"] > 0 and row["flops_per_step"] > 0

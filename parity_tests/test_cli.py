@@ -24,7 +24,7 @@ HELP_WORDS = {
 
 @pytest.mark.parametrize("command", [[], ["train"], ["generate"], ["parity"]])
 def test_help_explains_every_command_and_flag(command):
-    result = run_cli(*command, "--help")  # parity's help comes from torch_reference's process
+    result = run_cli(*command, "--help")  # parity's help comes from crosscheck's process
     assert result.returncode == 0, result.stderr
     out = result.stdout
     expected = HELP_WORDS[tuple(command)]

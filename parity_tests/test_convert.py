@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 import numpy_engine as ne
-from torch_reference.convert import load_engine_params, params_from_torch, torch_model_for
+from crosscheck.convert import load_engine_params, params_from_torch, torch_model_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,26 +53,3 @@ def test_loading_checks_keys_shapes_and_dtypes():
     with pytest.raises(TypeError, match=r"params\['head.bias'\] has dtype float64"):
         load_engine_params(module, params | {"head.bias": np.zeros(13)})
     assert module.head.weight.dtype == torch.float32
-
-
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module.split(".")[0])
-    return names
-
-
-def test_imports_point_one_way():
-    """The engine never imports torch or torch_reference; of torch_reference, only the modules
-    that move weights across or compare the engines (convert, report, interchange, bench, cli)
-    import the engine."""
-    for path in (ROOT / "numpy_engine").glob("*.py"):
-        imported = imported_modules(path)
-        assert "torch" not in imported and "torch_reference" not in imported, path.name
-    for path in (ROOT / "torch_reference").glob("*.py"):
-        if path.name not in ("convert.py", "report.py", "interchange.py", "bench.py", "cli.py"):
-            assert "numpy_engine" not in imported_modules(path), f"{path.name} imports the engine"

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numpy_engine as ne
+from crosscheck.compare import compare
 from numpy_engine.decoders import (
     CachedGPTDecoder,
     CachedSeq2SeqDecoder,
@@ -21,7 +22,6 @@ from numpy_engine.decoders import (
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record
 from parity_tests.strategies import gpt_cases, randomize_params, seeds, seq2seq_cases
-from torch_reference.compare import compare
 
 RTOL = 1e-12
 

@@ -1,5 +1,5 @@
 """Every layer pair against two witnesses: central finite differences (float64) and PyTorch
-autograd (float64 within 1e-10; float32 within the rounding bound of torch_reference/compare.py).
+autograd (float64 within 1e-10; float32 within the rounding bound of crosscheck/compare.py).
 
 Hypothesis draws shapes, masks, activations and a seed; values come from the seed, and each
 layer's case is built in layer_cases.py.

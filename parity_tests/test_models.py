@@ -1,6 +1,6 @@
 """Both whole models against their torch_reference twins: logits, loss, every gradient.
 
-float64 within 1e-10 normwise; float32 within the rounding bound of torch_reference/compare.py
+float64 within 1e-10 normwise; float32 within the rounding bound of crosscheck/compare.py
 against a float64 golden run on the same weights. Padded batches; Hypothesis draws configs
 and seeds.
 """
@@ -11,6 +11,8 @@ import numpy as np
 from hypothesis import example, given
 
 import numpy_engine as ne
+from crosscheck.compare import float32_checks, sensitivities
+from crosscheck.convert import grads_from_torch, tensor, torch_model_for
 from parity_tests.helpers import assert_all_close_float64, assert_float32_within_bound, params_of
 from parity_tests.strategies import (
     SMALLEST_GPT,
@@ -19,8 +21,6 @@ from parity_tests.strategies import (
     randomize_params,
     seq2seq_cases,
 )
-from torch_reference.compare import float32_checks, sensitivities
-from torch_reference.convert import grads_from_torch, tensor, torch_model_for
 
 
 def engine_results(model, batch: tuple, dlogits: np.ndarray) -> dict[str, np.ndarray]:

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from crosscheck.compare import compare
 from numpy_engine.optim import SGD, Adam, AdamW, clip_grad_norm
 from parity_tests.strategies import seeds
-from torch_reference.compare import compare
 
 SHAPES = {"w": (3, 4), "b": (4,), "e": (5, 2)}
 STEPS = 10

@@ -1,7 +1,7 @@
 """`numpy-engine parity`: a table per tensor, exit 0 when all pass, 1 when a backward is broken.
 
-`numpy-engine parity` hands over to `python -m torch_reference parity`; these tests call
-torch_reference.cli.main directly, and one runs the whole path through numpy-engine.
+`numpy-engine parity` hands over to `python -m crosscheck parity`; these tests call
+crosscheck.cli.main directly, and one runs the whole path through numpy-engine.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import numpy_engine.blocks
+from crosscheck.cli import main  # in-process, so that monkeypatch reaches the engine
 from numpy_engine.layers import layernorm_backward
-from torch_reference.cli import main  # in-process, so that monkeypatch reaches the engine
 
 
 @pytest.mark.parametrize("model", ["seq2seq", "gpt"])

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import numpy_engine as ne
+from crosscheck.convert import tensor
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.optim import Adam
 from numpy_engine.train import (
@@ -24,7 +25,6 @@ from numpy_engine.train import (
     save_run,
     train_sequence_task,
 )
-from torch_reference.convert import tensor
 from torch_reference.models import Seq2SeqTransformer as TorchSeq2Seq
 
 SINGLE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

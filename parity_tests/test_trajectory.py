@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import numpy_engine as ne
+from crosscheck.compare import compare
+from crosscheck.convert import params_from_torch, tensor, torch_model_for
 from numpy_engine.optim import Adam, AdamW, clip_grad_norm
 from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, sequence_task
-from torch_reference.compare import compare
-from torch_reference.convert import params_from_torch, tensor, torch_model_for
 
 STEPS = 30
 RTOL = 1e-9

@@ -2,15 +2,14 @@
 
 float64 rows pass when ||engine - torch|| <= 1e-12 + 1e-10 ||torch||. float32 rows compare
 the engine's float32 run with a float64 golden run (the float64 engine) on the same float32
-weights, and pass within the rounding bound of torch_reference.compare.
+weights, and pass within the rounding bound of crosscheck.compare.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from numpy_engine.study import example_batch
-from torch_reference.compare import (
+from crosscheck.compare import (
     FLOAT64_ATOL,
     FLOAT64_RTOL,
     compare,
@@ -18,7 +17,8 @@ from torch_reference.compare import (
     float64_ok,
     sensitivities,
 )
-from torch_reference.convert import grads_from_torch, tensor, torch_model_for
+from crosscheck.convert import grads_from_torch, tensor, torch_model_for
+from numpy_engine.study import example_batch
 
 ABSOLUTE_MARK = "*"
 

@@ -1,6 +1,6 @@
 """The benchmark workloads, torch-free: a model, its optimizer, seeded batches, one step.
 
-torch_reference/bench.py times these against PyTorch; a memory probe runs them in a
+benchmarks/bench.py times these against PyTorch; a memory probe runs them in a
 process that never imports torch, so its peak memory is the engine's own.
 """
 

@@ -1,6 +1,6 @@
 """The PyTorch-backed commands of `numpy-engine`: parity, export, import, bench.
 
-`numpy-engine parity ...` hands its arguments to `python -m torch_reference parity ...`,
+`numpy-engine parity ...` hands its arguments to `python -m crosscheck parity ...`,
 so the engine's own process never imports torch. Run directly, this is the same program.
 """
 
@@ -93,14 +93,14 @@ def add_bench_command(commands) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from torch_reference.bench import main as bench_main
+    from benchmarks.bench import main as bench_main
 
     bench_main(args.configs, args.steps, 3, args.threads, not args.no_memory, args.json)
     return 0
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from torch_reference.interchange import export_checkpoint
+    from crosscheck.interchange import export_checkpoint
 
     written = export_checkpoint(args.checkpoint, args.to)
     print(f"wrote {written} and {written}.json")
@@ -108,7 +108,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from torch_reference.interchange import import_state_dict
+    from crosscheck.interchange import import_state_dict
 
     written = import_state_dict(args.state_dict, args.out, args.config)
     print(f"wrote {written}")
@@ -116,7 +116,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_parity(args: argparse.Namespace) -> int:
-    from torch_reference.report import report
+    from crosscheck.report import report
 
     lines, ok = report(args.model, args.dtype, args.seed)
     print("\n".join(lines))

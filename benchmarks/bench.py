@@ -22,13 +22,13 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from numpy_engine import workloads
+from benchmarks import workloads
+from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
+from benchmarks.workloads import WORKLOADS as CONFIGS
+from benchmarks.workloads import Workload, engine_step, peak_rss_mb
+from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.configs import GPTConfig
 from numpy_engine.memory import keep_freed_memory
-from numpy_engine.workloads import WORKLOADS as CONFIGS
-from numpy_engine.workloads import Workload, engine_step, peak_rss_mb
-from torch_reference.convert import tensor, torch_model_for
-from torch_reference.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
 
 
 def build(cfg: Workload, n_batches: int):
@@ -102,10 +102,10 @@ def time_config(cfg: Workload, steps: int, warmup: int) -> dict:
 def peak_memory_mb(config: str, engine: str, steps: int, threads: int) -> float:
     """Peak RSS of a fresh process that builds one engine's model and trains `steps` steps."""
     if engine == "engine":  # a process that never imports torch
-        probe = "from numpy_engine.workloads import engine_memory_probe as probe"
+        probe = "from benchmarks.workloads import engine_memory_probe as probe"
         call = f"probe({config!r}, {steps})"
     else:
-        probe = "from torch_reference.bench import torch_memory_probe as probe"
+        probe = "from benchmarks.bench import torch_memory_probe as probe"
         call = f"probe({config!r}, {steps}, {threads})"
     code = f"{probe}; {call}"
     env = os.environ | {name: str(threads) for name in BLAS_THREAD_VARIABLES}
@@ -132,7 +132,7 @@ def torch_memory_probe(config: str, steps: int, threads: int) -> None:
 
 
 def matmul_floor(cfg: Workload) -> dict:
-    """The step's matmuls alone in each library (torch_reference/matmul_floor.py)."""
+    """The step's matmuls alone in each library (benchmarks/matmul_floor.py)."""
     products = gpt_step_matmuls(GPTConfig(**cfg.model), cfg.batch_size, cfg.context)
     floor = matmul_floor_ms(products)
     return {"numpy_matmul_ms": floor["numpy"], "torch_matmul_ms": floor["torch"]}

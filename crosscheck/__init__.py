@@ -1,0 +1,6 @@
+"""Where the engine meets its PyTorch witness: the one package that imports both.
+
+convert moves weights across; compare holds the float64 and float32 rules; report is
+`numpy-engine parity`; interchange reads and writes .pt files; cli runs the PyTorch-backed
+commands (`python -m crosscheck`, which `numpy-engine parity|export|import|bench` hand over to).
+"""

@@ -1,0 +1,5 @@
+import sys
+
+from crosscheck.cli import main
+
+sys.exit(main())

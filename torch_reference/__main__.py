@@ -1,5 +1,0 @@
-import sys
-
-from torch_reference.cli import main
-
-sys.exit(main())
