@@ -7,10 +7,9 @@ so the engine's own process never imports torch. Run directly, this is the same 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from numpy_engine.cli import positive_int
+from numpy_engine.cli_args import add_checkpoint_argument, positive_int, run_command
 
 
 def add_parity_command(commands) -> None:
@@ -27,8 +26,8 @@ def add_parity_command(commands) -> None:
         "--dtype",
         choices=["float32", "float64"],
         default="float64",
-        help="float64: agree within 1e-10 relative; float32: no worse than 4x "
-        "torch's own float32 error against a float64 run (default: float64)",
+        help="float64: agree within 1e-10 relative; float32: within the rounding bound of "
+        "crosscheck/compare.py, against a float64 run on the same weights (default: float64)",
     )
     parity.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
     parity.set_defaults(run=run_parity)
@@ -41,12 +40,7 @@ def add_interchange_commands(commands) -> None:
         "torch.load(path, weights_only=True) and load_state_dict(strict=True), and model.pt.json "
         "with the model's kind and config. Needs PyTorch (the test extra).",
     )  # fmt: skip
-    export.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="PATH",
-        help="a checkpoint.npz, or the --out DIR of a training run",
-    )
+    add_checkpoint_argument(export)
     export.add_argument("--to", required=True, metavar="FILE", help="the .pt file to write")
     export.set_defaults(run=run_export)
     imp = commands.add_parser(
@@ -135,15 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except (ValueError, TypeError, OSError) as error:  # the user's input: a message, no traceback
-        print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -13,13 +13,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from numpy_engine.cli_args import (
+    add_checkpoint_argument,
+    positive_float,
+    positive_int,
+    run_command,
+)
 from numpy_engine.cli_study import add_study_commands
 
 TORCH_COMMANDS = {
@@ -33,20 +38,6 @@ TASK_DEFAULTS = {  # the reference runs
     "reverse": {"steps": 1000, "lr": 1e-3},
     "char-lm": {"steps": 300, "lr": 3e-3},
 }
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def add_train_command(commands) -> None:
@@ -125,12 +116,7 @@ def add_generate_command(commands) -> None:
         description="Greedy decoding from a copy/reverse checkpoint (--source), or greedy / "
         "sampled text from a char-lm checkpoint (--prompt).",
     )  # fmt: skip
-    gen.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="PATH",
-        help="a checkpoint.npz, or the --out DIR of a training run",
-    )
+    add_checkpoint_argument(gen)
     what = gen.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--source",
@@ -352,29 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TORCH_COMMANDS:
         return forward_to_crosscheck(argv)
-    from numpy_engine.train import TrainingDiverged
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        # an overflow or a division by zero is an error with a message, never a raw warning;
-        # invalid operations are silent (OpenBLAS can flag them spuriously) and a real NaN is
-        # caught where it matters (training's check_finite)
-        with np.errstate(over="raise", invalid="ignore", divide="raise"):
-            return args.run(args)
-    except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except (ValueError, TypeError, OSError) as error:  # the user's input: a message, no traceback
-        print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except TrainingDiverged as error:  # the last checkpoint is intact
-        print(f"numpy-engine {args.command}: stopped: {error}", file=sys.stderr)
-        return 1
-    except (MemoryError, FloatingPointError) as error:
-        kind = "out of memory" if isinstance(error, MemoryError) else "numerical error"
-        print(f"numpy-engine {args.command}: stopped: {kind}: {error}", file=sys.stderr)
-        return 1
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

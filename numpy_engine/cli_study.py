@@ -6,22 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
+from numpy_engine.cli_args import add_checkpoint_argument, int_in
+
 MAX_ENTRIES = 64
-
-
-def int_in(low: int, high: int):
-    """An argparse type: an integer from low to high, else a message naming the range."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
-        return value
-
-    return parse
 
 
 def add_study_commands(commands) -> None:
@@ -32,12 +19,7 @@ def add_study_commands(commands) -> None:
         "for a char-lm checkpoint and --prompt, MiniGPT's self-attention per layer and head. "
         "Needs the plot extra.",
     )  # fmt: skip
-    attention.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="PATH",
-        help="a checkpoint.npz, or the --out DIR of a training run",
-    )
+    add_checkpoint_argument(attention)
     what = attention.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--source", type=int, nargs="+", metavar="ID", help="copy/reverse: source ids"

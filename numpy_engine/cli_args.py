@@ -1,0 +1,75 @@
+"""What every `numpy-engine` command shares: argument types, the checkpoint argument, and the
+one wrapper that turns errors into a message and an exit status (also for crosscheck/cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def int_in(low: int, high: int):
+    """An argparse type: an integer from low to high, else a message naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a checkpoint.npz, or the --out DIR of a training run",
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """args.run(args), with each kind of failure as one line on stderr and its exit status:
+    2 for the user's input, 1 for a run that stopped (divergence, memory, numerics)."""
+    from numpy_engine.train import TrainingDiverged
+
+    try:
+        # an overflow or a division by zero is an error with a message, never a raw warning;
+        # invalid operations are silent (OpenBLAS can flag them spuriously) and a real NaN is
+        # caught where it matters (training's check_finite)
+        with np.errstate(over="raise", invalid="ignore", divide="raise"):
+            return args.run(args)
+    except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, TypeError, OSError) as error:  # the user's input: a message, no traceback
+        print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as error:  # the last checkpoint is intact
+        print(f"numpy-engine {args.command}: stopped: {error}", file=sys.stderr)
+        return 1
+    except (MemoryError, FloatingPointError) as error:
+        kind = "out of memory" if isinstance(error, MemoryError) else "numerical error"
+        print(f"numpy-engine {args.command}: stopped: {kind}: {error}", file=sys.stderr)
+        return 1
