@@ -94,9 +94,14 @@ def time_config(cfg: Workload, steps: int, warmup: int) -> dict:
     # and a pair shares the drift, so the median of the pairs' ratios moves less
     ratio = statistics.median(e / t for e, t in zip(engine_ms, torch_ms, strict=True))
     flops = flops_per_step(cfg, model)
-    return {"engine_ms": engine, "torch_ms": reference, "ratio": ratio,
-            "flops_per_step": flops, "engine_gflops": flops / engine / 1e6,
-            "torch_gflops": flops / reference / 1e6}  # fmt: skip
+    return {
+        "engine_ms": engine,
+        "torch_ms": reference,
+        "ratio": ratio,
+        "flops_per_step": flops,
+        "engine_gflops": flops / engine / 1e6,
+        "torch_gflops": flops / reference / 1e6,
+    }
 
 
 def peak_memory_mb(config: str, engine: str, steps: int, threads: int) -> float:
@@ -161,31 +166,44 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
 
 
 def table(summary: dict) -> str:
-    lines = [f"float32, {summary['threads']} thread(s); np.matmul peak "
-             f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024)",  # fmt: skip
-             f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'MFLOP/step':>11} "
-             f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9}"]  # fmt: skip
+    lines = [
+        f"float32, {summary['threads']} thread(s); np.matmul peak "
+        f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024)",
+        f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'MFLOP/step':>11} "
+        f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9}",
+    ]
     for name, r in summary["configs"].items():
-        mem = (f"{r['engine_peak_mb']:>10.0f} {r['torch_peak_mb']:>9.0f}"
-               if "engine_peak_mb" in r else f"{'-':>10} {'-':>9}")  # fmt: skip
-        lines.append(f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.2f} "
-                     f"{r['flops_per_step'] / 1e6:>11.1f} {r['engine_gflops']:>8.2f} "
-                     f"{r['engine_peak_fraction']:>8.1%} {mem}")  # fmt: skip
+        mem = (
+            f"{r['engine_peak_mb']:>10.0f} {r['torch_peak_mb']:>9.0f}"
+            if "engine_peak_mb" in r
+            else f"{'-':>10} {'-':>9}"
+        )
+        lines.append(
+            f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.2f} "
+            f"{r['flops_per_step'] / 1e6:>11.1f} {r['engine_gflops']:>8.2f} "
+            f"{r['engine_peak_fraction']:>8.1%} {mem}"
+        )
     floors = {name: r for name, r in summary["configs"].items() if "numpy_matmul_ms" in r}
     if floors:
-        lines += ["", "the same step's matmuls alone, and what the rest of each step costs:",
-                  f"{'config':<8} {'numpy mm ms':>12} {'torch mm ms':>12} {'mm ratio':>9} "
-                  f"{'engine rest ms':>15} {'torch rest ms':>14}"]  # fmt: skip
+        lines += [
+            "",
+            "the same step's matmuls alone, and what the rest of each step costs:",
+            f"{'config':<8} {'numpy mm ms':>12} {'torch mm ms':>12} {'mm ratio':>9} "
+            f"{'engine rest ms':>15} {'torch rest ms':>14}",
+        ]
     for name, r in floors.items():
-        lines.append(f"{name:<8} {r['numpy_matmul_ms']:>12.2f} {r['torch_matmul_ms']:>12.2f} "
-                     f"{r['numpy_matmul_ms'] / r['torch_matmul_ms']:>9.2f} "
-                     f"{r['engine_ms'] - r['numpy_matmul_ms']:>15.2f} "
-                     f"{r['torch_ms'] - r['torch_matmul_ms']:>14.2f}")  # fmt: skip
+        lines.append(
+            f"{name:<8} {r['numpy_matmul_ms']:>12.2f} {r['torch_matmul_ms']:>12.2f} "
+            f"{r['numpy_matmul_ms'] / r['torch_matmul_ms']:>9.2f} "
+            f"{r['engine_ms'] - r['numpy_matmul_ms']:>15.2f} "
+            f"{r['torch_ms'] - r['torch_matmul_ms']:>14.2f}"
+        )
     return "\n".join(lines)
 
 
-def main(configs: list[str], steps: int, warmup: int, threads: int, memory: bool,
-         json_path: str | None) -> dict:  # fmt: skip
+def main(
+    configs: list[str], steps: int, warmup: int, threads: int, memory: bool, json_path: str | None
+) -> dict:
     summary = run(configs, steps, warmup, threads, memory)
     print(table(summary))
     if json_path:

@@ -59,23 +59,33 @@ def main(argv: list[str] | None = None) -> dict:
         paths = {
             "engine, KV cache": lambda: generate(model, prompt, args.tokens),
             "engine, no cache": lambda: generate(model, prompt, args.tokens, use_cache=False),
-            "torch_reference, no cache": lambda: torch_generate(module, prompt, args.tokens,
-                                                                args.context),
-        }  # fmt: skip
+            "torch_reference, no cache": lambda: torch_generate(
+                module, prompt, args.tokens, args.context
+            ),
+        }
         results = {name: best_of(args.repeats, run) for name, run in paths.items()}
     outputs = [out for _, out in results.values()]
     same = all(np.array_equal(outputs[0], out) for out in outputs[1:])
-    rows = {name: {"seconds": sec, "tokens_per_second": args.tokens / sec}
-            for name, (sec, _) in results.items()}  # fmt: skip
+    rows = {
+        name: {"seconds": sec, "tokens_per_second": args.tokens / sec}
+        for name, (sec, _) in results.items()
+    }
     base = rows["engine, no cache"]["tokens_per_second"]
-    print(f"MiniGPT (d_model 64, 3 layers, context {args.context}), {args.tokens} tokens, "
-          f"{args.threads} thread(s); same tokens on all paths: {same}")  # fmt: skip
+    print(
+        f"MiniGPT (d_model 64, 3 layers, context {args.context}), {args.tokens} tokens, "
+        f"{args.threads} thread(s); same tokens on all paths: {same}"
+    )
     print(f"{'path':<28} {'tokens/s':>10} {'vs no cache':>12}")
     for name, row in rows.items():
         speed = row["tokens_per_second"]
         print(f"{name:<28} {speed:>10.1f} {speed / base:>11.2f}x")
-    summary = {"tokens": args.tokens, "context": args.context, "threads": args.threads,
-               "same_tokens": same, "paths": rows}  # fmt: skip
+    summary = {
+        "tokens": args.tokens,
+        "context": args.context,
+        "threads": args.threads,
+        "same_tokens": same,
+        "paths": rows,
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)

@@ -35,7 +35,7 @@ WORKLOADS = {
         dict(vocab_size=65, d_model=256, n_heads=8, d_ff=1024, n_layers=4, max_len=128),
         32,
         128,
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -14,14 +14,19 @@ from numpy_engine.cli_args import add_checkpoint_argument, positive_int, run_com
 
 def add_parity_command(commands) -> None:
     parity = commands.add_parser(
-        "parity", help="compare every gradient with the PyTorch reference on one padded batch",
+        "parity",
+        help="compare every gradient with the PyTorch reference on one padded batch",
         description="Build the engine model and its PyTorch twin from one seed, run one padded "
         "batch through both, and print each tensor's difference. Exits 1 if any row fails. "
         "Needs the test extra (PyTorch).",
-    )  # fmt: skip
-    parity.add_argument("--model", choices=["seq2seq", "gpt"], default="seq2seq",
-                        help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT "
-                        "(default: seq2seq)")  # fmt: skip
+    )
+    parity.add_argument(
+        "--model",
+        choices=["seq2seq", "gpt"],
+        default="seq2seq",
+        help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT "
+        "(default: seq2seq)",
+    )
     parity.add_argument(
         "--dtype",
         choices=["float32", "float64"],
@@ -35,19 +40,21 @@ def add_parity_command(commands) -> None:
 
 def add_interchange_commands(commands) -> None:
     export = commands.add_parser(
-        "export", help="write a checkpoint's weights as a PyTorch state_dict (.pt)",
+        "export",
+        help="write a checkpoint's weights as a PyTorch state_dict (.pt)",
         description="Write model.pt, a state_dict that torch_reference loads with "
         "torch.load(path, weights_only=True) and load_state_dict(strict=True), and model.pt.json "
         "with the model's kind and config. Needs PyTorch (the test extra).",
-    )  # fmt: skip
+    )
     add_checkpoint_argument(export)
     export.add_argument("--to", required=True, metavar="FILE", help="the .pt file to write")
     export.set_defaults(run=run_export)
     imp = commands.add_parser(
-        "import", help="turn a PyTorch state_dict (.pt) into an engine checkpoint",
+        "import",
+        help="turn a PyTorch state_dict (.pt) into an engine checkpoint",
         description="Load a state_dict with torch's weights-only loader (anything else is "
         "refused) and write DIR/checkpoint.npz. Needs PyTorch (the test extra).",
-    )  # fmt: skip
+    )
     imp.add_argument("state_dict", metavar="FILE", help="the .pt file")
     imp.add_argument("--out", required=True, metavar="DIR", help="where checkpoint.npz goes")
     imp.add_argument(
@@ -60,11 +67,12 @@ def add_interchange_commands(commands) -> None:
 
 def add_bench_command(commands) -> None:
     bench = commands.add_parser(
-        "bench", help="time training steps against the PyTorch reference (needs the test extra)",
+        "bench",
+        help="time training steps against the PyTorch reference (needs the test extra)",
         description="Train the engine and torch_reference side by side on the same weights and "
         "batches, alternating, and print ms per step, the ratio, GFLOP/s against this machine's "
         "matmul peak, and each engine's peak memory. Configs: copy, char-lm, large.",
-    )  # fmt: skip
+    )
     bench.add_argument(
         "--configs",
         nargs="+",

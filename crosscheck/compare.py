@@ -68,9 +68,16 @@ def compare(name: str, ours: np.ndarray, ref: np.ndarray) -> Comparison:
     diff_norm, ref_norm = float(np.linalg.norm(diff)), float(np.linalg.norm(ref))
     rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else np.inf)
     return Comparison(
-        name, ours.shape, float(diff.max(initial=0.0)), rel, diff_norm, ref_norm,
-        tuple(int(i) for i in worst), float(ours[worst]), float(ref[worst]),
-    )  # fmt: skip
+        name,
+        ours.shape,
+        float(diff.max(initial=0.0)),
+        rel,
+        diff_norm,
+        ref_norm,
+        tuple(int(i) for i in worst),
+        float(ours[worst]),
+        float(ref[worst]),
+    )
 
 
 def float64_ok(c: Comparison) -> bool:

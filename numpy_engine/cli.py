@@ -42,13 +42,18 @@ TASK_DEFAULTS = {  # the reference runs
 
 def add_train_command(commands) -> None:
     train = commands.add_parser(
-        "train", help="train a model on a task and print a JSON result",
+        "train",
+        help="train a model on a task and print a JSON result",
         description="Train with hand-written gradients. Progress lines go to stderr; the final "
         "JSON result (losses, exact match, examples) goes to stdout.",
-    )  # fmt: skip
-    train.add_argument("task", nargs="?", choices=list(TASK_DEFAULTS),
-                       help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
-                       "char-lm: MiniGPT on a character corpus")  # fmt: skip
+    )
+    train.add_argument(
+        "task",
+        nargs="?",
+        choices=list(TASK_DEFAULTS),
+        help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
+        "char-lm: MiniGPT on a character corpus",
+    )
     train.add_argument(
         "--steps",
         type=positive_int,
@@ -112,10 +117,11 @@ def add_train_command(commands) -> None:
 
 def add_generate_command(commands) -> None:
     gen = commands.add_parser(
-        "generate", help="generate from a trained checkpoint",
+        "generate",
+        help="generate from a trained checkpoint",
         description="Greedy decoding from a copy/reverse checkpoint (--source), or greedy / "
         "sampled text from a char-lm checkpoint (--prompt).",
-    )  # fmt: skip
+    )
     add_checkpoint_argument(gen)
     what = gen.add_mutually_exclusive_group(required=True)
     what.add_argument(
@@ -148,9 +154,12 @@ def add_generate_command(commands) -> None:
         help="char-lm: sample among the likeliest whose mass reaches p, 0 < p <= 1 (samples)",
     )
     gen.add_argument("--seed", type=int, default=0, help="char-lm: the sampler's seed (default: 0)")
-    gen.add_argument("--no-cache", action="store_true",
-                     help="rerun the whole prefix at every step instead of using the KV cache "
-                     "(same output, slower; for comparison)")  # fmt: skip
+    gen.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="rerun the whole prefix at every step instead of using the KV cache "
+        "(same output, slower; for comparison)",
+    )
     gen.set_defaults(run=run_generate)
 
 
@@ -328,8 +337,11 @@ def forward_to_crosscheck(argv: list[str]) -> int:
     live in crosscheck/cli.py, and this process only hands the arguments over.
     """
     if importlib.util.find_spec("torch") is None:
-        print(f"numpy-engine {argv[0]}: error: this command needs PyTorch; install the test "
-              "extra: pip install -e '.[test]'", file=sys.stderr)  # fmt: skip
+        print(
+            f"numpy-engine {argv[0]}: error: this command needs PyTorch; install the test "
+            "extra: pip install -e '.[test]'",
+            file=sys.stderr,
+        )
         return 2
     return subprocess.run([sys.executable, "-m", "crosscheck", *argv]).returncode
 

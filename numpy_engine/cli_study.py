@@ -13,12 +13,13 @@ MAX_ENTRIES = 64
 
 def add_study_commands(commands) -> None:
     attention = commands.add_parser(
-        "attention", help="draw the attention weights of every layer and head for one example",
+        "attention",
+        help="draw the attention weights of every layer and head for one example",
         description="For a copy/reverse checkpoint and --source, draw the encoder "
         "self-attention, the decoder self-attention and the cross-attention of the greedy output; "
         "for a char-lm checkpoint and --prompt, MiniGPT's self-attention per layer and head. "
         "Needs the plot extra.",
-    )  # fmt: skip
+    )
     add_checkpoint_argument(attention)
     what = attention.add_mutually_exclusive_group(required=True)
     what.add_argument(
@@ -34,21 +35,23 @@ def add_study_commands(commands) -> None:
     attention.set_defaults(run=run_attention)
 
     plot = commands.add_parser(
-        "plot", help="redraw loss.png from a training run's history.json",
+        "plot",
+        help="redraw loss.png from a training run's history.json",
         description="Draw training loss per step, held-out loss at evaluations and, for "
         "copy/reverse, exact match on a second axis. Needs the plot extra.",
-    )  # fmt: skip
+    )
     plot.add_argument("run_dir", metavar="DIR", help="the --out DIR of a training run")
     plot.add_argument("--out", metavar="PNG", help="the picture to write (default: DIR/loss.png)")
     plot.set_defaults(run=run_plot)
 
     grads = commands.add_parser(
-        "grads", help="gradient norms per parameter, each next to a finite-difference estimate",
+        "grads",
+        help="gradient norms per parameter, each next to a finite-difference estimate",
         description="Build the default model in float64 from --seed, run one padded batch, and "
         "print each parameter's gradient norm; on a few sampled entries, the norm of the "
         "hand-written gradient, the norm of a central finite-difference estimate, and their "
         "relative error.",
-    )  # fmt: skip
+    )
     grads.add_argument(
         "--model",
         choices=["seq2seq", "gpt"],
@@ -115,8 +118,10 @@ def run_grads(args: argparse.Namespace) -> int:
         check_matplotlib()  # fail before the work, not after
     loss, rows = gradient_study(args.model, args.seed, args.entries)
     print(f"{args.model}, seed {args.seed}: loss {loss:.6f} on one padded batch (float64)")
-    header = (f"{'parameter':<34} {'shape':<10} {'|grad|':>10}   {'sampled entries: |grad|':>23}"
-              f" {'|finite diff|':>13} {'rel. error':>10}")  # fmt: skip
+    header = (
+        f"{'parameter':<34} {'shape':<10} {'|grad|':>10}   {'sampled entries: |grad|':>23}"
+        f" {'|finite diff|':>13} {'rel. error':>10}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:

@@ -113,8 +113,9 @@ def generate(
     check_sampling(temperature, top_k, top_p)
     _check_count("max_new_tokens", max_new_tokens, minimum=0)
     ids = checks.as_array("prompt", prompt)
-    ids = checks.check_token_ids("prompt", ids[None, :] if ids.ndim == 1 else ids,
-                                 model.config.vocab_size)  # fmt: skip
+    ids = checks.check_token_ids(
+        "prompt", ids[None, :] if ids.ndim == 1 else ids, model.config.vocab_size
+    )
     rng = np.random.default_rng(seed)
     decoder = (CachedGPTDecoder if use_cache else FullGPTDecoder)(model, ids)
     for step in range(max_new_tokens):

@@ -116,8 +116,10 @@ class Optimizer:
             for key, value in per_param.items():
                 saved = flat[f"{name}.{key}"]
                 if saved.shape != value.shape:
-                    raise ValueError(f"optimizer state {name}.{key} has shape {saved.shape}, "
-                                     f"expected {value.shape}")  # fmt: skip
+                    raise ValueError(
+                        f"optimizer state {name}.{key} has shape {saved.shape}, "
+                        f"expected {value.shape}"
+                    )
                 value[...] = saved  # into the flat state's view
         self.step_count = int(flat["step"])
 
@@ -171,8 +173,14 @@ class Adam(Optimizer):
 
     state_names = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
         super().__init__(params, lr)
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
@@ -194,8 +202,14 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """Adam with decoupled weight decay: p *= 1 - lr * wd before the Adam step."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):  # fmt: skip
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ):
         super().__init__(params, lr, betas, eps, weight_decay=0.0)
         self.decoupled_weight_decay = weight_decay
 

@@ -74,8 +74,13 @@ def plot_history(history: dict, out) -> Path:
         steps = [e["step"] for e in evals]
         ax.plot(steps, [e["heldout_loss"] for e in evals], "o-", label="held-out loss")
         match = ax.twinx()
-        match.plot(steps, [e["exact_match"] for e in evals], "s--", color="tab:green",
-                   label="held-out exact match")  # fmt: skip
+        match.plot(
+            steps,
+            [e["exact_match"] for e in evals],
+            "s--",
+            color="tab:green",
+            label="held-out exact match",
+        )
         match.set_ylim(0, 1.05)
         match.set_ylabel("greedy exact match")
         match.legend(loc="center right", fontsize=8)

@@ -44,12 +44,16 @@ def gradient_study(kind: str, seed: int, entries: int = 4) -> tuple[float, list[
         # judged against the finite difference's own rounding (a key bias's true gradient is 0)
         check = check_gradient(lambda: model.loss(*batch), param, grads[key], indices)
         analytic = grads[key].reshape(-1)[indices]
-        rows.append({
-            "name": key, "shape": param.shape, "grad_norm": float(np.linalg.norm(grads[key])),
-            "sampled_norm": float(np.linalg.norm(analytic)),
-            "fd_norm": float(np.linalg.norm(check.numeric)),
-            "rel_error": check.error,
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": key,
+                "shape": param.shape,
+                "grad_norm": float(np.linalg.norm(grads[key])),
+                "sampled_norm": float(np.linalg.norm(analytic)),
+                "fd_norm": float(np.linalg.norm(check.numeric)),
+                "rel_error": check.error,
+            }
+        )
     return loss, rows
 
 
@@ -78,5 +82,7 @@ def seq2seq_attention(model: ne.Seq2SeqTransformer, source: list[int]) -> list[t
 def gpt_attention(model: ne.MiniGPT, ids: np.ndarray, labels: list[str]) -> list[tuple]:
     _, cache = model.forward(ids[None, -model.config.max_len :])
     labels = labels[-model.config.max_len :]
-    return [(f"layer {i}", block.attn.attention.weights[0], labels, labels)
-            for i, block in enumerate(cache.blocks)]  # fmt: skip
+    return [
+        (f"layer {i}", block.attn.attention.weights[0], labels, labels)
+        for i, block in enumerate(cache.blocks)
+    ]

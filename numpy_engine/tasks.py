@@ -113,8 +113,10 @@ class CharCorpus:
     def batch(self, rng: np.random.Generator, batch_size: int, context: int) -> tuple:
         """batch_size random windows: idx (B, T) and targets (B, T), targets = idx shifted by 1."""
         if len(self.ids) < context + 1:
-            raise ValueError(f"the text has {len(self.ids)} characters; a context of {context} "
-                             f"needs at least {context + 1}")  # fmt: skip
+            raise ValueError(
+                f"the text has {len(self.ids)} characters; a context of {context} "
+                f"needs at least {context + 1}"
+            )
         starts = rng.integers(0, len(self.ids) - context, size=batch_size)  # (B,)
         windows = starts[:, None] + np.arange(context + 1)  # (B, T + 1)
         chunk = self.ids[windows]

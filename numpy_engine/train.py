@@ -184,8 +184,11 @@ def _loop(
             last_saved = step
     seconds = time.perf_counter() - start
     speed = (cfg.steps - first_step) / max(seconds, 1e-9)
-    return {"resumed_from_step": first_step, "seconds": round(seconds, 3),
-            "steps_per_second": round(speed, 1)}  # fmt: skip
+    return {
+        "resumed_from_step": first_step,
+        "seconds": round(seconds, 3),
+        "steps_per_second": round(speed, 1),
+    }
 
 
 def check_step_fits(
@@ -208,9 +211,14 @@ def final_train_loss(history: dict) -> float:
 
 
 def _meta(task: str, cfg, state: TrainState, **extra) -> dict:
-    return {"task": task, "train_config": asdict(cfg), "step": state.step,
-            "sampler_state": state.sampler.bit_generator.state, "history": state.history,
-            **extra}  # fmt: skip
+    return {
+        "task": task,
+        "train_config": asdict(cfg),
+        "step": state.step,
+        "sampler_state": state.sampler.bit_generator.state,
+        "history": state.history,
+        **extra,
+    }
 
 
 # --------------------------------------------------------------- copy / reverse
@@ -268,18 +276,26 @@ def train_sequence_task(
     final = state.history["eval"][-1]
     generated = greedy_decode(state.model, task.test.source[:3], task.test.target.shape[1])
     examples = [
-        {"source": _strip(task.test.source[i]), "expected": _strip(task.test.target[i]),
-         "generated": _strip(generated[i])}
+        {
+            "source": _strip(task.test.source[i]),
+            "expected": _strip(task.test.target[i]),
+            "generated": _strip(generated[i]),
+        }
         for i in range(3)
-    ]  # fmt: skip
+    ]
     result = {
-        "task": cfg.task, "seed": cfg.seed, "steps": cfg.steps,
-        "train_size": len(task.train), "test_size": len(task.test),
+        "task": cfg.task,
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "train_size": len(task.train),
+        "test_size": len(task.test),
         "initial_train_loss": state.history["train_loss"][0],
         "final_train_loss": final_train_loss(state.history),
-        "heldout_loss": final["heldout_loss"], "exact_match": final["exact_match"],
-        **timing, "examples": examples,
-    }  # fmt: skip
+        "heldout_loss": final["heldout_loss"],
+        "exact_match": final["exact_match"],
+        **timing,
+        "examples": examples,
+    }
     return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
 
 
@@ -318,12 +334,17 @@ def train_char_lm(
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
     sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
     result = {
-        "task": "char-lm", "seed": cfg.seed, "steps": cfg.steps,
-        "corpus_characters": len(corpus.ids), "vocab_size": corpus.vocab_size,
+        "task": "char-lm",
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "corpus_characters": len(corpus.ids),
+        "vocab_size": corpus.vocab_size,
         "initial_train_loss": state.history["train_loss"][0],
         "final_train_loss": final_train_loss(state.history),
-        **timing, "prompt": prompt, "greedy_sample": sample,
-    }  # fmt: skip
+        **timing,
+        "prompt": prompt,
+        "greedy_sample": sample,
+    }
     return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
 
 

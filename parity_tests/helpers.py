@@ -56,8 +56,12 @@ def assert_matches_finite_differences(
         indices = sample_indices(rng, x.size, entries)
         error = check_gradient(
             lambda: float(np.sum(forward(inputs)[0] * dout)),
-            x, analytic[key], indices, FD_TOLERANCE, f_terms=f_terms,
-        ).error  # fmt: skip
+            x,
+            analytic[key],
+            indices,
+            FD_TOLERANCE,
+            f_terms=f_terms,
+        ).error
         record(name, error)
         assert error < FD_TOLERANCE, (
             f"{name}: d{key} differs from finite differences, relative error {error:.3e}"

@@ -33,8 +33,9 @@ def test_round_trip_is_exact(saved):
     restored = AdamW(loaded.model.params, lr=0.01)
     restored.load_state_dict(loaded.optimizer_state)
     assert restored.step_count == 1
-    np.testing.assert_array_equal(restored.state["exp_avg"]["head.weight"],
-                                  optimizer.state["exp_avg"]["head.weight"])  # fmt: skip
+    np.testing.assert_array_equal(
+        restored.state["exp_avg"]["head.weight"], optimizer.state["exp_avg"]["head.weight"]
+    )
 
 
 def test_seq2seq_round_trip(tmp_path):

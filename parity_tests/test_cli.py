@@ -10,8 +10,12 @@ import pytest
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "numpy_engine", *args], capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "numpy_engine", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 HELP_WORDS = {
@@ -44,8 +48,16 @@ def test_train_prints_progress_and_a_json_result(copy_dir):
     assert "step    60/60  loss" in result.stderr and "steps/s" in result.stderr
     summary = json.loads(result.stdout)
     assert summary["steps"] == 60 and summary["out"] == str(out)
-    for key in ("seed", "train_size", "test_size", "initial_train_loss", "heldout_loss",
-                "exact_match", "seconds", "examples"):  # fmt: skip
+    for key in (
+        "seed",
+        "train_size",
+        "test_size",
+        "initial_train_loss",
+        "heldout_loss",
+        "exact_match",
+        "seconds",
+        "examples",
+    ):
         assert key in summary
     assert sorted(p.name for p in out.iterdir()) == [
         "checkpoint.npz",
@@ -69,8 +81,19 @@ def test_char_lm_trains_on_a_text_file_and_generates(tmp_path):
     text = tmp_path / "abc.txt"
     text.write_text("abcabcabcabc " * 20)
     out = tmp_path / "run"
-    result = run_cli("train", "char-lm", "--text", str(text), "--steps", "30", "--context", "8",
-                     "--out", str(out), "--quiet")  # fmt: skip
+    result = run_cli(
+        "train",
+        "char-lm",
+        "--text",
+        str(text),
+        "--steps",
+        "30",
+        "--context",
+        "8",
+        "--out",
+        str(out),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and json.loads(result.stdout)["vocab_size"] == 4
     sample = run_cli(
@@ -114,7 +137,9 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path, copy_dir):
 
 
 def test_torch_commands_without_torch_name_the_extra():
-    code = ("import sys; sys.modules['torch'] = None; from numpy_engine.cli import main; "
-            "sys.exit(main(['parity']))")  # fmt: skip
+    code = (
+        "import sys; sys.modules['torch'] = None; from numpy_engine.cli import main; "
+        "sys.exit(main(['parity']))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 2 and "install the test extra" in result.stderr

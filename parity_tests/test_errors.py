@@ -32,29 +32,48 @@ def replaced(array: np.ndarray, index: tuple, value: int) -> np.ndarray:
 
 SEQ2SEQ_BAD_INPUTS = {
     "source id too large": (
-        dict(source=replaced(SOURCE, (1, 0), 12)), ValueError, r"source\[1, 0\] = 12 is outside"),
+        dict(source=replaced(SOURCE, (1, 0), 12)),
+        ValueError,
+        r"source\[1, 0\] = 12 is outside",
+    ),
     "source id negative": (
-        dict(source=replaced(SOURCE, (0, 2), -1)), ValueError, r"source\[0, 2\] = -1 is outside"),
+        dict(source=replaced(SOURCE, (0, 2), -1)),
+        ValueError,
+        r"source\[0, 2\] = -1 is outside",
+    ),
     "decoder_input id too large": (
         dict(decoder_input=replaced(DECODER_INPUT, (0, 3), 99)),
-        ValueError, r"decoder_input\[0, 3\] = 99"),
+        ValueError,
+        r"decoder_input\[0, 3\] = 99",
+    ),
     "float source ids": (dict(source=SOURCE.astype(float)), TypeError, "source must hold integer"),
     "bool decoder ids": (
-        dict(decoder_input=DECODER_INPUT > 0), TypeError, "decoder_input must hold integer"),
+        dict(decoder_input=DECODER_INPUT > 0),
+        TypeError,
+        "decoder_input must hold integer",
+    ),
     "1-D source": (dict(source=SOURCE[0]), ValueError, r"source must have shape \(batch, time\)"),
-    "empty batch": (dict(source=SOURCE[:0], decoder_input=DECODER_INPUT[:0], target=TARGET[:0]),
-                    ValueError, "source is an empty batch"),
+    "empty batch": (
+        dict(source=SOURCE[:0], decoder_input=DECODER_INPUT[:0], target=TARGET[:0]),
+        ValueError,
+        "source is an empty batch",
+    ),
     "no time steps": (dict(decoder_input=DECODER_INPUT[:, :0]), ValueError, "decoder_input has no"),
     "batch sizes differ": (dict(source=SOURCE[:1]), ValueError, "same batch size, got 1 and 2"),
     "target shape": (dict(target=TARGET[:, :3]), ValueError, r"target must have shape \(2, 4\)"),
     "target id too large": (
-        dict(target=replaced(TARGET, (1, 1), 12)), ValueError, r"target\[1, 1\] = 12 is outside"),
+        dict(target=replaced(TARGET, (1, 1), 12)),
+        ValueError,
+        r"target\[1, 1\] = 12 is outside",
+    ),
     "float target": (dict(target=TARGET.astype(np.float32)), TypeError, "target must hold integer"),
     "all-padding target": (dict(target=np.zeros_like(TARGET)), ValueError, "target: every target"),
     "all-padding source row": (
         dict(source=replaced(SOURCE, (1, slice(None)), 0)),
-        ValueError, "source row 1 is all padding"),
-}  # fmt: skip
+        ValueError,
+        "source row 1 is all padding",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", SEQ2SEQ_BAD_INPUTS, ids=str)
@@ -73,14 +92,22 @@ GPT_BAD_INPUTS = {
     "float idx": (dict(idx=IDX.astype(float)), TypeError, "idx must hold integer"),
     "longer than max_len": (
         dict(idx=np.ones((2, 9), dtype=int), targets=np.ones((2, 9), dtype=int)),
-        ValueError, "idx has 9 positions but max_len is 8"),
+        ValueError,
+        "idx has 9 positions but max_len is 8",
+    ),
     "targets shape": (dict(targets=TARGETS[:1]), ValueError, r"targets must have shape \(2, 4\)"),
     "target id negative": (
-        dict(targets=replaced(TARGETS, (0, 0), -1)), ValueError, r"targets\[0, 0\] = -1"),
+        dict(targets=replaced(TARGETS, (0, 0), -1)),
+        ValueError,
+        r"targets\[0, 0\] = -1",
+    ),
     "all targets ignored": (
-        dict(targets=np.full_like(TARGETS, -100)), ValueError, "ignore_index=-100"),
+        dict(targets=np.full_like(TARGETS, -100)),
+        ValueError,
+        "ignore_index=-100",
+    ),
     "empty batch": (dict(idx=IDX[:0], targets=TARGETS[:0]), ValueError, "idx is an empty batch"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", GPT_BAD_INPUTS, ids=str)

@@ -13,8 +13,9 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def run_example(name: str) -> str:
-    result = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
-                            text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -85,8 +85,14 @@ def test_all_padding_targets_and_sources_are_refused(data):
     assert_clear_error(lambda: GPT.loss_and_grads(IDX, targets), "targets")
 
 
-bad_sizes = st.one_of(st.integers(-5, 0), st.floats(allow_nan=True), st.none(), st.text(max_size=3),
-                      st.booleans(), st.just([4]))  # fmt: skip
+bad_sizes = st.one_of(
+    st.integers(-5, 0),
+    st.floats(allow_nan=True),
+    st.none(),
+    st.text(max_size=3),
+    st.booleans(),
+    st.just([4]),
+)
 
 
 @given(config_class=st.sampled_from([ne.Seq2SeqConfig, ne.GPTConfig]), data=st.data())
@@ -109,11 +115,17 @@ def test_configs_refuse_heads_that_do_not_divide(d_model, n_heads):
 @given(data=st.data())
 def test_backward_refuses_malformed_upstream_gradients(data):
     logits, cache = GPT.forward(IDX)
-    bad = data.draw(st.one_of(
-        st.builds(lambda: np.ones((2, 3, 12))), st.builds(lambda: np.ones(logits.shape, dtype=int)),
-        st.builds(lambda v: np.full(logits.shape, v), st.sampled_from([np.nan, np.inf, -np.inf])),
-        st.just(None), st.just([[0.0]]),
-    ))  # fmt: skip
+    bad = data.draw(
+        st.one_of(
+            st.builds(lambda: np.ones((2, 3, 12))),
+            st.builds(lambda: np.ones(logits.shape, dtype=int)),
+            st.builds(
+                lambda v: np.full(logits.shape, v), st.sampled_from([np.nan, np.inf, -np.inf])
+            ),
+            st.just(None),
+            st.just([[0.0]]),
+        )
+    )
     assert_clear_error(lambda: GPT.backward(bad, cache), "dlogits")
 
 
@@ -129,13 +141,24 @@ def test_decoding_refuses_malformed_prompts_and_settings(data):
     assert_clear_error(lambda: generate(GPT, prompt, 3), "prompt")
     source = data.draw(malformed_ids((2, 3), vocab=12, batch_is_fixed=False))
     assert_clear_error(lambda: greedy_decode(SEQ2SEQ, source), "source")
-    setting, value = data.draw(st.sampled_from([
-        ("temperature", -0.5), ("temperature", "hot"), ("top_k", 0), ("top_k", 2.5),
-        ("top_p", 0.0), ("top_p", 1.01), ("top_p", "x"), ("max_new_tokens", -1),
-        ("max_new_tokens", 1.5),
-    ]))  # fmt: skip
-    assert_clear_error(lambda: generate(GPT, IDX[:1], **{"max_new_tokens": 2, setting: value}),
-                       setting)  # fmt: skip
+    setting, value = data.draw(
+        st.sampled_from(
+            [
+                ("temperature", -0.5),
+                ("temperature", "hot"),
+                ("top_k", 0),
+                ("top_k", 2.5),
+                ("top_p", 0.0),
+                ("top_p", 1.01),
+                ("top_p", "x"),
+                ("max_new_tokens", -1),
+                ("max_new_tokens", 1.5),
+            ]
+        )
+    )
+    assert_clear_error(
+        lambda: generate(GPT, IDX[:1], **{"max_new_tokens": 2, setting: value}), setting
+    )
 
 
 def test_valid_inputs_still_give_finite_results():

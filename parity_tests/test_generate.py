@@ -81,9 +81,13 @@ def test_generation_slides_its_context_window_past_max_len():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"temperature": -1.0}, "temperature must be >= 0"), ({"top_k": 0}, "top_k must be"),
-     ({"top_p": 1.5}, "top_p must be in"), ({"top_p": 0.0}, "top_p must be in")],
-)  # fmt: skip
+    [
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"top_k": 0}, "top_k must be"),
+        ({"top_p": 1.5}, "top_p must be in"),
+        ({"top_p": 0.0}, "top_p must be in"),
+    ],
+)
 def test_bad_sampling_settings(kwargs, message):
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
     with pytest.raises(ValueError, match=message):

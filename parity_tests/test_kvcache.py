@@ -17,7 +17,7 @@ from numpy_engine.decoders import (
     CachedGPTDecoder,
     CachedSeq2SeqDecoder,
     FullGPTDecoder,
-    FullSeq2SeqDecoder,  # fmt: skip
+    FullSeq2SeqDecoder,
 )
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record
@@ -72,10 +72,14 @@ def test_greedy_tokens_are_the_same_with_and_without_the_cache(case):
     np.testing.assert_array_equal(cached, greedy_decode(model, case.source, 6, use_cache=False))
 
 
-sampling = st.fixed_dictionaries({
-    "temperature": st.sampled_from([0.0, 0.7, 1.5]), "top_k": st.sampled_from([None, 2]),
-    "top_p": st.sampled_from([None, 0.9]), "seed": seeds,
-})  # fmt: skip
+sampling = st.fixed_dictionaries(
+    {
+        "temperature": st.sampled_from([0.0, 0.7, 1.5]),
+        "top_k": st.sampled_from([None, 2]),
+        "top_p": st.sampled_from([None, 0.9]),
+        "seed": seeds,
+    }
+)
 
 
 @given(case=gpt_cases(), kwargs=sampling)

@@ -57,8 +57,12 @@ def assert_state_matches(params, tensors, ours, theirs, state_names):
             assert_close(f"{name} {key}", ours.state[name][key], theirs.state[tensor][name])
 
 
-@given(lr=learning_rates, momentum=st.sampled_from([0.0, 0.5, 0.9]), weight_decay=weight_decays,
-       seed=seeds)  # fmt: skip
+@given(
+    lr=learning_rates,
+    momentum=st.sampled_from([0.0, 0.5, 0.9]),
+    weight_decay=weight_decays,
+    seed=seeds,
+)
 def test_sgd_matches_torch(lr, momentum, weight_decay, seed):
     run = run_both(
         lambda p: SGD(p, lr=lr, momentum=momentum, weight_decay=weight_decay),
@@ -68,8 +72,9 @@ def test_sgd_matches_torch(lr, momentum, weight_decay, seed):
     assert_state_matches(*run[:4], ["momentum_buffer"] if momentum else [])
 
 
-@given(lr=learning_rates, beta2=st.sampled_from([0.99, 0.999]), weight_decay=weight_decays,
-       seed=seeds)  # fmt: skip
+@given(
+    lr=learning_rates, beta2=st.sampled_from([0.99, 0.999]), weight_decay=weight_decays, seed=seeds
+)
 def test_adam_matches_torch(lr, beta2, weight_decay, seed):
     betas = (0.9, beta2)
     run = run_both(

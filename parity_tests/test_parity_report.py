@@ -49,8 +49,10 @@ def test_parity_report_fails_on_a_broken_backward(monkeypatch, capsys):
 def test_python_dash_m_runs_the_same_command():
     result = subprocess.run(
         [sys.executable, "-m", "numpy_engine", "parity", "--model", "seq2seq"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "0 failed" in result.stdout
 

@@ -25,8 +25,10 @@ def assert_real_picture(path, min_bytes: int = 10_000) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    assert main(["train", "copy", "--steps", "200", "--out", str(root / "copy"), "--plot",
-                 "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(["train", "copy", "--steps", "200", "--out", str(root / "copy"), "--plot", "--quiet"])
+        == 0
+    )
     assert main(["train", "char-lm", "--steps", "20", "--out", str(root / "char"), "--quiet"]) == 0
     return root
 
@@ -44,12 +46,38 @@ def test_plot_redraws_from_the_history(runs, tmp_path):
 
 def test_attention_pictures_for_both_models(runs, tmp_path):
     out = tmp_path / "seq2seq.png"
-    assert main(["attention", "--checkpoint", str(runs / "copy"), "--source", "4", "7", "9",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "attention",
+                "--checkpoint",
+                str(runs / "copy"),
+                "--source",
+                "4",
+                "7",
+                "9",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert_real_picture(out, min_bytes=30_000)
     out = tmp_path / "gpt.png"
-    assert main(["attention", "--checkpoint", str(runs / "char"), "--prompt", "to be",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "attention",
+                "--checkpoint",
+                str(runs / "char"),
+                "--prompt",
+                "to be",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert_real_picture(out, min_bytes=30_000)
 
 
@@ -62,17 +90,27 @@ def test_gradient_bars(tmp_path, capsys):
 
 
 def run_without_matplotlib(*args: str) -> subprocess.CompletedProcess:
-    code = ("import sys; sys.modules['matplotlib'] = None; from numpy_engine.cli import main; "
-            f"sys.exit(main({list(args)!r}))")  # fmt: skip
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from numpy_engine.cli import main; "
+        f"sys.exit(main({list(args)!r}))"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 
 
 def test_without_matplotlib_pictures_name_the_extra_and_training_still_works(runs, tmp_path):
-    result = run_without_matplotlib("attention", "--checkpoint", str(runs / "copy"), "--source",
-                                    "4", "--out", str(tmp_path / "a.png"))  # fmt: skip
+    result = run_without_matplotlib(
+        "attention",
+        "--checkpoint",
+        str(runs / "copy"),
+        "--source",
+        "4",
+        "--out",
+        str(tmp_path / "a.png"),
+    )
     assert result.returncode == 2 and "pip install 'numpy-engine[plot]'" in result.stderr
-    result = run_without_matplotlib("train", "copy", "--steps", "5", "--out", str(tmp_path / "r"),
-                                    "--plot", "--quiet")  # fmt: skip
+    result = run_without_matplotlib(
+        "train", "copy", "--steps", "5", "--out", str(tmp_path / "r"), "--plot", "--quiet"
+    )
     assert result.returncode == 2 and "plot extra" in result.stderr
     assert not (tmp_path / "r").exists()  # refused before training
     result = run_without_matplotlib("train", "copy", "--steps", "5", "--quiet")

@@ -41,9 +41,13 @@ def textbook_softmax(scores: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "offset, path",
-    [(0.0, "no row max"), (800.0, "max above 60"), (-30.0, "rows summing below 1e-8"),
-     (-800.0, "every exp underflows")],
-)  # fmt: skip
+    [
+        (0.0, "no row max"),
+        (800.0, "max above 60"),
+        (-30.0, "rows summing below 1e-8"),
+        (-800.0, "every exp underflows"),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_softmax_last_equals_the_textbook_on_every_path(offset, path, dtype):
     rng = np.random.default_rng(0)

@@ -46,8 +46,12 @@ def test_a_killed_run_resumes_bit_for_bit(tmp_path):
     env = os.environ | SINGLE_THREAD
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     subprocess.run(cli(*TRAIN, "--out", str(whole)), env=env, check=True, capture_output=True)
-    run = subprocess.Popen(cli(*TRAIN, "--out", str(broken), "--checkpoint-every", "40"), env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    run = subprocess.Popen(
+        cli(*TRAIN, "--out", str(broken), "--checkpoint-every", "40"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while saved_step(broken) < 120 and time.monotonic() < deadline and run.poll() is None:
         time.sleep(0.01)
@@ -55,8 +59,9 @@ def test_a_killed_run_resumes_bit_for_bit(tmp_path):
     assert run.wait() == -signal.SIGKILL  # killed, not finished
     killed_at = saved_step(broken)
     assert 120 <= killed_at < 600
-    resumed = subprocess.run(cli("train", "--resume", str(broken), "--quiet"), env=env,
-                             capture_output=True, text=True)  # fmt: skip
+    resumed = subprocess.run(
+        cli("train", "--resume", str(broken), "--quiet"), env=env, capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr
     a, b = load_checkpoint(whole), load_checkpoint(broken)
     assert b.meta["step"] == a.meta["step"] == 600
@@ -85,8 +90,11 @@ def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_
     history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
     state = TrainState(model, Adam(model.params), np.random.default_rng(1), 0, history)
     cfg = SequenceTrainConfig(steps=20, eval_every=5)
-    with pytest.raises(TrainingDiverged, match="step 7: the gradient of 'embed.weight' is not "
-                       "finite \\(1 NaN, 0 inf\\).*checkpoint of step 5 is intact"):  # fmt: skip
+    with pytest.raises(
+        TrainingDiverged,
+        match="step 7: the gradient of 'embed.weight' is not "
+        "finite \\(1 NaN, 0 inf\\).*checkpoint of step 5 is intact",
+    ):
         train_sequence_task(cfg, None, None, Checkpointing(tmp_path, 5), state)
     kept = load_checkpoint(tmp_path)
     assert kept.meta["step"] == 5
@@ -94,9 +102,23 @@ def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_
 
 
 def test_divergence_on_the_command_line_exits_1_with_one_line(tmp_path):
-    result = subprocess.run(cli("train", "copy", "--steps", "20", "--lr", "1e30", "--quiet",
-                                "--out", str(tmp_path), "--checkpoint-every", "1"),
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        cli(
+            "train",
+            "copy",
+            "--steps",
+            "20",
+            "--lr",
+            "1e30",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+            "--checkpoint-every",
+            "1",
+        ),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("numpy-engine train: stopped: step ")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -127,8 +149,9 @@ def test_a_damaged_checkpoint_is_refused_by_name(trained, tmp_path):
 
 def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_path):
     pt = tmp_path / "model.pt"
-    result = subprocess.run(cli("export", "--checkpoint", str(trained), "--to", str(pt)),
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        cli("export", "--checkpoint", str(trained), "--to", str(pt)), capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     state_dict = torch.load(pt, weights_only=True)
     module = TorchSeq2Seq()
@@ -150,8 +173,11 @@ def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_
 
 def test_import_refuses_anything_but_weights(trained, tmp_path):
     pt = tmp_path / "model.pt"
-    subprocess.run(cli("export", "--checkpoint", str(trained), "--to", str(pt)), check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        cli("export", "--checkpoint", str(trained), "--to", str(pt)),
+        check=True,
+        capture_output=True,
+    )
     evil = tmp_path / "evil.pt"
     torch.save({"weights": torch.zeros(1), "payload": ExplodingSeq2Seq}, evil)
     junk = tmp_path / "junk.pt"

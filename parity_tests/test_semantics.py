@@ -80,8 +80,9 @@ def test_models_run_end_to_end_in_their_dtype(dtype):
     logits, _ = model.forward(idx)
     loss, grads = model.loss_and_grads(idx, np.roll(idx, -1, axis=1))
     assert logits.dtype == dtype
-    assert all(grads[key].dtype == dtype and grads[key].shape == p.shape
-               for key, p in model.params.items())  # fmt: skip
+    assert all(
+        grads[key].dtype == dtype and grads[key].shape == p.shape for key, p in model.params.items()
+    )
     assert abs(loss - math.log(13)) < 0.15  # small init: near-uniform predictions
     assert all(np.isfinite(g).all() for g in grads.values())
 

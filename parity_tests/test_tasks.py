@@ -12,7 +12,7 @@ from numpy_engine.tasks import (
     PAD,
     CharCorpus,
     read_text,
-    sequence_task,  # fmt: skip
+    sequence_task,
 )
 
 
@@ -31,8 +31,9 @@ def test_copy_split_sizes_are_disjoint_and_cover_every_sequence():
 def test_copy_rows_are_bos_tokens_and_tokens_eos():
     split = sequence_task("copy", seed=7).train
     assert split.source.shape == (467, 3) and split.target.shape == (467, 4)
-    for source, decoder_input, target in zip(split.source[:50], split.decoder_input[:50],
-                                             split.target[:50], strict=True):  # fmt: skip
+    for source, decoder_input, target in zip(
+        split.source[:50], split.decoder_input[:50], split.target[:50], strict=True
+    ):
         tokens = [int(t) for t in source if t != PAD]
         n = len(tokens)
         assert decoder_input.tolist() == [BOS, *tokens] + [PAD] * (3 - n)
