@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import numpy_engine as ne
+from numpy_engine.checks import InputError, InputTypeError
 from torch_reference.models import MiniGPT, Seq2SeqTransformer
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -34,15 +35,15 @@ def load_engine_params(module: nn.Module, params: dict[str, np.ndarray]) -> None
     expected = module.state_dict()
     missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
     if missing or extra:
-        raise ValueError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
+        raise InputError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
     for key, tensor in expected.items():
         value = params[key]
         if tuple(value.shape) != tuple(tensor.shape):
-            raise ValueError(
+            raise InputError(
                 f"params[{key!r}] has shape {value.shape}, torch expects {tuple(tensor.shape)}"
             )
         if torch.tensor(value[:0]).dtype != tensor.dtype:
-            raise TypeError(
+            raise InputTypeError(
                 f"params[{key!r}] has dtype {value.dtype}, torch expects {tensor.dtype}"
             )
     module.load_state_dict({key: torch.tensor(value) for key, value in params.items()}, strict=True)

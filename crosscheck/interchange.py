@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from numpy_engine.checkpoint import KINDS, load_checkpoint, save_checkpoint
+from numpy_engine.checks import InputError
 
 KEPT_META = ("task", "vocabulary")
 
@@ -44,21 +45,21 @@ def import_state_dict(path: str | Path, out: str | Path, config_path: str | Path
     try:
         state_dict = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
+        raise InputError(f"{path}: no such file") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError):
-        raise ValueError(
+        raise InputError(
             f"{path}: refused: it is not a weights-only file (it holds objects that loading "
             "would have to construct, or it is not a torch file at all)"
         ) from None
     if not isinstance(state_dict, dict) or not all(
         isinstance(v, torch.Tensor) for v in state_dict.values()
     ):
-        raise ValueError(f"{path}: refused, expected a dict of tensors (a state_dict)")
+        raise InputError(f"{path}: refused, expected a dict of tensors (a state_dict)")
     try:
         description = json.loads(config_path.read_text())
         config_class, model_class = KINDS[description["kind"]]
         model = model_class(config_class(**description["config"]))
     except (OSError, KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{config_path}: cannot read the model description ({error})") from None
+        raise InputError(f"{config_path}: cannot read the model description ({error})") from None
     model.load_params({key: np.array(t.detach().numpy()) for key, t in state_dict.items()})
     return save_checkpoint(out, model, None, description.get("meta", {}))

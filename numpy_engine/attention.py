@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_engine.checks import InputError
 from numpy_engine.layers import linear_backward, linear_forward
 from numpy_engine.reductions import dot_last, sum_last
 
@@ -36,7 +37,7 @@ def check_every_row_sees_a_key(visible: np.ndarray, scores_shape: tuple) -> None
     row_sees_a_key = np.broadcast_to(visible.any(axis=-1), scores_shape[:-1])  # (B, H, Tq)
     if not row_sees_a_key.all():
         b, h, t = np.argwhere(~row_sees_a_key)[0]
-        raise ValueError(
+        raise InputError(
             f"visible: the query at batch row {b}, position {t} (head {h}) has no visible key; "
             "every query must be allowed to attend to at least one key"
         )
@@ -217,7 +218,7 @@ def self_attention_forward(
 def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tuple:
     """See docs/gradients.md#multi-head-attention. Returns (dx, grads keyed like p)."""
     if cache.past_length:
-        raise ValueError("self_attention_backward: the forward read past keys and values")
+        raise InputError("self_attention_backward: the forward read past keys and values")
     dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
     # merge_heads was a reshape, so split_heads undoes it on the gradient
     dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
@@ -265,7 +266,7 @@ def cross_attention_forward(
 def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tuple:
     """See docs/gradients.md#multi-head-attention. Returns (dx, dmemory, grads keyed like p)."""
     if cache.kv_proj is None:
-        raise ValueError("cross_attention_backward: the forward was given memory_kv")
+        raise InputError("cross_attention_backward: the forward was given memory_kv")
     dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
     dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
     dx, dwq, dbq = linear_backward(merge_heads(dq), cache.q_proj)  # forward was q = q_proj(x)

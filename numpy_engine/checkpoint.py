@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from numpy_engine.checks import InputError
 from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
 
 FORMAT_VERSION = 1
@@ -75,41 +76,41 @@ def save_checkpoint(
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = resolve(path)
     if not path.exists():
-        raise ValueError(f"checkpoint {path}: no such file")
+        raise InputError(f"checkpoint {path}: no such file")
     try:
         with open(path, "rb") as file, np.load(file, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}  # our own handle: closed on error
     except ValueError as error:  # numpy refuses object arrays without allow_pickle
-        raise ValueError(
+        raise InputError(
             f"checkpoint {path}: refused, it holds pickled objects ({error})"
         ) from None
     except (OSError, zipfile.BadZipFile, EOFError) as error:
-        raise ValueError(f"checkpoint {path}: not a readable .npz file ({error})") from None
+        raise InputError(f"checkpoint {path}: not a readable .npz file ({error})") from None
     return _from_arrays(path, arrays)
 
 
 def _from_arrays(path: Path, arrays: dict) -> Checkpoint:
     for required in ("format_version", "kind", "config", "meta"):
         if required not in arrays:
-            raise ValueError(f"checkpoint {path}: missing {required!r}")
+            raise InputError(f"checkpoint {path}: missing {required!r}")
     version = int(arrays["format_version"])
     if version != FORMAT_VERSION:
-        raise ValueError(f"checkpoint {path}: format version {version}, expected {FORMAT_VERSION}")
+        raise InputError(f"checkpoint {path}: format version {version}, expected {FORMAT_VERSION}")
     kind = str(arrays["kind"])
     if kind not in KINDS:
-        raise ValueError(f"checkpoint {path}: unknown model kind {kind!r}")
+        raise InputError(f"checkpoint {path}: unknown model kind {kind!r}")
     config_class, model_class = KINDS[kind]
     try:
         config = config_class(**json.loads(str(arrays["config"])))
         meta = json.loads(str(arrays["meta"]))
     except (TypeError, ValueError) as error:  # JSONDecodeError is a ValueError
-        raise ValueError(f"checkpoint {path}: unreadable config or meta ({error})") from None
+        raise InputError(f"checkpoint {path}: unreadable config or meta ({error})") from None
     model = model_class(config)
     params = {k.removeprefix("param/"): v for k, v in arrays.items() if k.startswith("param/")}
     try:
         model.load_params(params)
     except (ValueError, TypeError) as error:
-        raise ValueError(f"checkpoint {path}: does not match its config: {error}") from None
+        raise InputError(f"checkpoint {path}: does not match its config: {error}") from None
     optimizer_state = {
         k.removeprefix("optim/"): v for k, v in arrays.items() if k.startswith("optim/")
     }

@@ -5,16 +5,27 @@ from __future__ import annotations
 import numpy as np
 
 
+class InputError(ValueError):
+    """Bad input from a user or caller: the message names the argument and what was expected.
+
+    The command line reports these as one line and exit status 2; any other exception is a
+    bug in the engine and surfaces as one."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An argument of the wrong type (an InputError, and a TypeError for callers that ask)."""
+
+
 def check_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise InputTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
+        raise InputError(f"{name} must be positive, got {value}")
 
 
 def check_choice(name: str, value: object, choices: tuple) -> None:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        raise InputError(f"{name} must be one of {choices}, got {value!r}")
 
 
 def as_array(name: str, value: object) -> np.ndarray:
@@ -22,24 +33,26 @@ def as_array(name: str, value: object) -> np.ndarray:
     try:
         return np.asarray(value)
     except (ValueError, TypeError) as error:  # ragged nested lists, for one
-        raise TypeError(f"{name} must be an array, got {type(value).__name__} ({error})") from None
+        raise InputTypeError(
+            f"{name} must be an array, got {type(value).__name__} ({error})"
+        ) from None
 
 
 def check_token_ids(name: str, ids: object, vocab_size: int) -> np.ndarray:
     """A non-empty (batch, time) integer array with every id in [0, vocab_size)."""
     arr = as_array(name, ids)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+        raise InputTypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
     if arr.ndim != 2:
-        raise ValueError(f"{name} must have shape (batch, time), got shape {arr.shape}")
+        raise InputError(f"{name} must have shape (batch, time), got shape {arr.shape}")
     if arr.shape[0] == 0:
-        raise ValueError(f"{name} is an empty batch: shape {arr.shape}")
+        raise InputError(f"{name} is an empty batch: shape {arr.shape}")
     if arr.shape[1] == 0:
-        raise ValueError(f"{name} has no time steps: shape {arr.shape}")
+        raise InputError(f"{name} has no time steps: shape {arr.shape}")
     outside = (arr < 0) | (arr >= vocab_size)
     if outside.any():
         b, t = np.argwhere(outside)[0]
-        raise ValueError(
+        raise InputError(
             f"{name}[{b}, {t}] = {arr[b, t]} is outside the vocabulary [0, {vocab_size})"
         )
     return arr
@@ -51,18 +64,18 @@ def check_targets(
     """Class ids in [0, vocab_size) or ignore_index, shaped like the logits' leading axes."""
     arr = as_array(name, targets)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integer class ids, got dtype {arr.dtype}")
+        raise InputTypeError(f"{name} must hold integer class ids, got dtype {arr.dtype}")
     if arr.shape != shape:
-        raise ValueError(f"{name} must have shape {shape} like {like}, got {arr.shape}")
+        raise InputError(f"{name} must have shape {shape} like {like}, got {arr.shape}")
     outside = ((arr < 0) | (arr >= vocab_size)) & (arr != ignore_index)
     if outside.any():
         b, t = np.argwhere(outside)[0]
-        raise ValueError(
+        raise InputError(
             f"{name}[{b}, {t}] = {arr[b, t]} is outside the vocabulary [0, {vocab_size}) "
             f"and is not ignore_index={ignore_index}"
         )
     if (arr == ignore_index).all():
-        raise ValueError(
+        raise InputError(
             f"{name}: every target equals ignore_index={ignore_index} (all padding); "
             "there is nothing to compute a loss over"
         )
@@ -71,7 +84,7 @@ def check_targets(
 
 def check_same_batch(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> None:
     if a.shape[0] != b.shape[0]:
-        raise ValueError(
+        raise InputError(
             f"{name_a} and {name_b} must have the same batch size, "
             f"got {a.shape[0]} and {b.shape[0]}"
         )
@@ -79,9 +92,9 @@ def check_same_batch(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> 
 
 def check_upstream_gradient(name: str, grad: object, shape: tuple, dtype: np.dtype) -> np.ndarray:
     if not isinstance(grad, np.ndarray) or grad.dtype.kind != "f":
-        raise TypeError(f"{name} must be a float ndarray, got {type(grad).__name__}")
+        raise InputTypeError(f"{name} must be a float ndarray, got {type(grad).__name__}")
     if grad.shape != shape:
-        raise ValueError(f"{name} must have shape {shape} (like the logits), got {grad.shape}")
+        raise InputError(f"{name} must have shape {shape} (like the logits), got {grad.shape}")
     check_finite(name, grad)
     return grad.astype(dtype, copy=False)
 
@@ -89,4 +102,4 @@ def check_upstream_gradient(name: str, grad: object, shape: tuple, dtype: np.dty
 def check_finite(name: str, array: np.ndarray) -> None:
     if not np.isfinite(array).all():
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
-        raise ValueError(f"{name} must be finite, but {name}{list(bad)} = {array[bad]}")
+        raise InputError(f"{name} must be finite, but {name}{list(bad)} = {array[bad]}")

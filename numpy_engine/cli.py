@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
     positive_float,
@@ -193,20 +194,20 @@ def run_train(args: argparse.Namespace) -> int:
 
         check_matplotlib()  # fail before training, not after
         if not (args.out or args.resume):
-            raise ValueError("--plot needs --out DIR (where loss.png goes)")
+            raise InputError("--plot needs --out DIR (where loss.png goes)")
     if args.checkpoint_every and not (args.out or args.resume):
-        raise ValueError("--checkpoint-every needs --out DIR (where the checkpoints go)")
+        raise InputError("--checkpoint-every needs --out DIR (where the checkpoints go)")
     given = {name: getattr(args, name) for name in RUN_FLAGS if getattr(args, name) is not None}
     keep_freed_memory()  # each step reuses the last one's pages (numpy_engine/memory.py)
     if args.resume:
         if args.task:
-            raise ValueError("--resume continues a saved run: give no TASK with it")
+            raise InputError("--resume continues a saved run: give no TASK with it")
         _check_resume_flags(args, given)
         run = train.resume(args.resume, stream, args.checkpoint_every, given.get("steps"))
         out = args.resume
     else:
         if not args.task:
-            raise ValueError("give a TASK (copy, reverse or char-lm) or --resume DIR")
+            raise InputError("give a TASK (copy, reverse or char-lm) or --resume DIR")
         run, out = _train_new(args, given, stream), args.out
     if out:
         train.save_run(run, out)
@@ -228,18 +229,18 @@ def _check_resume_flags(args: argparse.Namespace, given: dict) -> None:
     from numpy_engine.checkpoint import load_checkpoint
 
     if args.text:
-        raise ValueError(
+        raise InputError(
             "--text conflicts with --resume: the run trains on the text it was saved with"
         )
     saved = load_checkpoint(args.resume).meta.get("train_config", {})
     for name, value in given.items():
         if name != "steps" and name in saved and value != saved[name]:
-            raise ValueError(
+            raise InputError(
                 f"{_flag(name)} {value} conflicts with the checkpoint's {name}={saved[name]}: "
                 "a resumed run keeps the settings it was started with (only --steps may change)"
             )
         if name not in saved:
-            raise ValueError(f"{_flag(name)} does not apply to the run in {args.resume}")
+            raise InputError(f"{_flag(name)} does not apply to the run in {args.resume}")
 
 
 def _train_new(args: argparse.Namespace, given: dict, stream):
@@ -255,7 +256,7 @@ def _train_new(args: argparse.Namespace, given: dict, stream):
         return train.train_char_lm(train.CharTrainConfig(**settings), text, stream, checkpointing)
     for flag in ("text", "context"):
         if getattr(args, flag) is not None:
-            raise ValueError(f"{_flag(flag)} is for char-lm only")
+            raise InputError(f"{_flag(flag)} is for char-lm only")
     cfg = train.SequenceTrainConfig(task=args.task, **settings)
     return train.train_sequence_task(cfg, None, stream, checkpointing)
 
@@ -275,7 +276,7 @@ def _sampling(args: argparse.Namespace) -> float:
     if args.temperature is None:
         return 1.0 if asks_to_sample else 0.0
     if args.temperature == 0 and asks_to_sample:
-        raise ValueError(
+        raise InputError(
             "--top-k and --top-p sample: they need --temperature above 0 (0 is greedy)"
         )
     return args.temperature
@@ -286,10 +287,10 @@ def _generate_text(args: argparse.Namespace, checkpoint) -> int:
     from numpy_engine.tasks import CharCorpus
 
     if args.prompt is None:
-        raise ValueError("this is a char-lm checkpoint: give --prompt, not --source")
+        raise InputError("this is a char-lm checkpoint: give --prompt, not --source")
     ids = CharCorpus(checkpoint.meta["vocabulary"]).encode(args.prompt)
     if len(ids) == 0:
-        raise ValueError("--prompt is empty")
+        raise InputError("--prompt is empty")
     temperature, max_new = _sampling(args), args.max_new_tokens or 80
     out = generate(
         checkpoint.model,
@@ -310,15 +311,15 @@ def _generate_sequence(args: argparse.Namespace, model) -> int:
     from numpy_engine.tasks import EOS, PAD, SYMBOLS
 
     if args.source is None:
-        raise ValueError("this is a copy/reverse checkpoint: give --source, not --prompt")
+        raise InputError("this is a copy/reverse checkpoint: give --source, not --prompt")
     if any(value is not None for value in (args.temperature, args.top_k, args.top_p)):
-        raise ValueError(
+        raise InputError(
             "--temperature, --top-k and --top-p are for char-lm checkpoints; "
             "copy/reverse decode greedily"
         )
     outside = [i for i in args.source if i not in SYMBOLS]
     if outside:
-        raise ValueError(
+        raise InputError(
             f"--source ids must be symbols {SYMBOLS[0]}..{SYMBOLS[-1]}, got {outside} "
             f"(0, 1, 2 are PAD, BOS and EOS; the model adds them itself)"
         )

@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 
+from numpy_engine.checks import InputError
+
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -51,7 +53,8 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """args.run(args), with each kind of failure as one line on stderr and its exit status:
-    2 for the user's input, 1 for a run that stopped (divergence, memory, numerics)."""
+    2 for the user's input (InputError) or a file, 1 for a run that stopped (divergence,
+    memory, numerics). Anything else is a bug in the engine, and surfaces as a traceback."""
     from numpy_engine.train import TrainingDiverged
 
     try:
@@ -63,7 +66,7 @@ def run_command(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (ValueError, TypeError, OSError) as error:  # the user's input: a message, no traceback
+    except (InputError, OSError) as error:  # the user's input or files: a message, exit 2
         print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
         return 2
     except TrainingDiverged as error:  # the last checkpoint is intact

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from numpy_engine.checks import InputError
 from numpy_engine.cli_args import add_checkpoint_argument, int_in
 
 MAX_ENTRIES = 64
@@ -79,18 +80,18 @@ def run_attention(args: argparse.Namespace) -> int:
     checkpoint = load_checkpoint(args.checkpoint)
     if checkpoint.meta.get("task") == "char-lm":
         if args.prompt is None:
-            raise ValueError("this is a char-lm checkpoint: give --prompt, not --source")
+            raise InputError("this is a char-lm checkpoint: give --prompt, not --source")
         corpus = CharCorpus(checkpoint.meta["vocabulary"])
         context = checkpoint.model.config.max_len
         if not 0 < len(args.prompt) <= context:
-            raise ValueError(
+            raise InputError(
                 f"--prompt has {len(args.prompt)} characters; this model attends over 1 to "
                 f"{context}, and the picture shows each of them"
             )
         panels = gpt_attention(checkpoint.model, corpus.encode(args.prompt), list(args.prompt))
     else:
         if args.source is None:
-            raise ValueError("this is a copy/reverse checkpoint: give --source, not --prompt")
+            raise InputError("this is a copy/reverse checkpoint: give --source, not --prompt")
         panels = seq2seq_attention(checkpoint.model, args.source)
     print(f"wrote {plot_attention(panels, args.out)}")
     return 0
@@ -103,7 +104,7 @@ def run_plot(args: argparse.Namespace) -> int:
     try:
         history = json.loads(history_file.read_text())
     except (OSError, ValueError) as error:
-        raise ValueError(f"{history_file}: cannot read the history ({error})") from None
+        raise InputError(f"{history_file}: cannot read the history ({error})") from None
     out = args.out or Path(args.run_dir) / "loss.png"
     print(f"wrote {plot_history(history, out)}")
     return 0

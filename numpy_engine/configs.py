@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from numpy_engine import checks
+from numpy_engine.checks import InputError
 from numpy_engine.layers import ACTIVATIONS
 
 DTYPES = ("float32", "float64")
@@ -16,7 +17,7 @@ def _check_sizes(config: object, names: tuple[str, ...]) -> None:
     for name in names:
         checks.check_positive_int(name, getattr(config, name))
     if config.d_model % config.n_heads != 0:
-        raise ValueError(f"d_model={config.d_model} must be divisible by n_heads={config.n_heads}")
+        raise InputError(f"d_model={config.d_model} must be divisible by n_heads={config.n_heads}")
     checks.check_choice("activation", config.activation, tuple(ACTIVATIONS))
     checks.check_choice("dtype", config.dtype, DTYPES)
 
@@ -37,7 +38,7 @@ class Seq2SeqConfig:
         sizes = ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers")
         _check_sizes(self, sizes)
         if not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"pad_id={self.pad_id} must be in [0, vocab_size={self.vocab_size})")
+            raise InputError(f"pad_id={self.pad_id} must be in [0, vocab_size={self.vocab_size})")
 
 
 @dataclass(frozen=True)

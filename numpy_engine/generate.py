@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from numpy_engine import checks
+from numpy_engine.checks import InputError, InputTypeError
 from numpy_engine.decoders import (
     CachedGPTDecoder,
     CachedSeq2SeqDecoder,
@@ -43,22 +44,22 @@ def greedy_decode(
 
 def _check_count(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise InputTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+        raise InputError(f"{name} must be at least {minimum}, got {value}")
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, int | float | np.floating):
-        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+        raise InputTypeError(f"temperature must be a number, got {type(temperature).__name__}")
     if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+        raise InputError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+        raise InputError(f"top_k must be a positive int, got {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float)):
-        raise TypeError(f"top_p must be a number, got {type(top_p).__name__}")
+        raise InputTypeError(f"top_p must be a number, got {type(top_p).__name__}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise InputError(f"top_p must be in (0, 1], got {top_p}")
 
 
 def next_token_probabilities(

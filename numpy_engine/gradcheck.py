@@ -14,6 +14,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from numpy_engine.checks import InputError, InputTypeError
+
 Probe = Callable[[], "float | tuple[float, bytes]"]
 
 
@@ -91,9 +93,9 @@ def _evaluate_at(f, x, direction, t):
 
 def _check_nudgeable(x: np.ndarray) -> None:
     if x.dtype != np.float64:
-        raise TypeError(f"x must be float64 for finite differences, got {x.dtype}")
+        raise InputTypeError(f"x must be float64 for finite differences, got {x.dtype}")
     if not np.shares_memory(x.reshape(-1), x):
-        raise ValueError("x must be contiguous so that it can be nudged in place")
+        raise InputError("x must be contiguous so that it can be nudged in place")
 
 
 def relative_error(analytic: np.ndarray, numeric: np.ndarray, floor: float = 0.0) -> float:

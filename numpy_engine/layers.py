@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_engine.checks import InputError
 from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
 
 # ----------------------------------------------------------------------------- linear
@@ -272,7 +273,7 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     counted = flat_targets != ignore_index  # (N,)
     n_counted = int(counted.sum())
     if n_counted == 0:
-        raise ValueError(f"targets: every target equals ignore_index={ignore_index}; no loss")
+        raise InputError(f"targets: every target equals ignore_index={ignore_index}; no loss")
     rows = np.arange(len(flat_targets))
     top = logits2.argmax(axis=-1)  # (N,) the largest class of each row
     # shifted by the row max, the top class's term is exp(0) = 1 exactly: no overflow, and

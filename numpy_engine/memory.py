@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 
+from numpy_engine.checks import InputError
+
 _M_TRIM_THRESHOLD = -1  # from glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's ceiling on 64-bit: larger arrays are still mmapped
@@ -50,7 +52,7 @@ def check_fits(what: str, needed: int) -> None:
     available = available_bytes()
     if available is not None and needed > available:
         gib = 2**30
-        raise ValueError(
+        raise InputError(
             f"{what} would need about {needed / gib:.1f} GiB for one training step; "
             f"{available / gib:.1f} GiB are available"
         )

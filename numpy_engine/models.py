@@ -24,6 +24,7 @@ from numpy_engine.blocks import (
     self_attention_block_forward,
     with_prefix,
 )
+from numpy_engine.checks import InputError
 from numpy_engine.configs import DTYPES, GPTConfig, Seq2SeqConfig
 from numpy_engine.layers import (
     cross_entropy_backward,
@@ -242,7 +243,7 @@ class Seq2SeqTransformer(_Model):
         all_padding = (source == self.config.pad_id).all(axis=1)
         if all_padding.any():
             b = int(np.argmax(all_padding))
-            raise ValueError(
+            raise InputError(
                 f"source row {b} is all padding (id {self.config.pad_id}): "
                 "the encoder has no token to attend to"
             )
@@ -287,7 +288,7 @@ class MiniGPT(_Model):
         cfg, p = self.config, self.params
         idx = checks.check_token_ids("idx", idx, cfg.vocab_size)
         if idx.shape[1] > cfg.max_len:
-            raise ValueError(f"idx has {idx.shape[1]} positions but max_len is {cfg.max_len}")
+            raise InputError(f"idx has {idx.shape[1]} positions but max_len is {cfg.max_len}")
         visible = causal_visible(idx.shape[1])  # (1, 1, T, T)
 
         x, tok_embed = embedding_forward(idx, p["tok_embed.weight"])  # (B, T, C)

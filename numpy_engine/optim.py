@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from numpy_engine.checks import InputError
+
 
 def flatten(arrays: dict[str, np.ndarray]) -> np.ndarray:
     """All arrays, raveled and concatenated in key order: one call instead of one per tensor."""
@@ -62,7 +64,7 @@ class Optimizer:
 
     def __init__(self, params: dict[str, np.ndarray], lr: float) -> None:
         if not lr > 0:
-            raise ValueError(f"lr must be positive, got {lr}")
+            raise InputError(f"lr must be positive, got {lr}")
         self.lr = lr
         self.step_count = 0
         self.keys = list(params)
@@ -83,7 +85,7 @@ class Optimizer:
         clip_grad_norm does (on the flat copy this step makes anyway) and return their norm
         before clipping; grads itself is never modified."""
         if list(grads) != self.keys or list(params) != self.keys:
-            raise ValueError("params and grads must have exactly the optimizer's keys, in order")
+            raise InputError("params and grads must have exactly the optimizer's keys, in order")
         self.step_count += 1
         in_place = self._buffer is not None and all(params[k] is self._views[k] for k in self.keys)
         flat_params = self._buffer if in_place else flatten(params)
@@ -109,14 +111,14 @@ class Optimizer:
         expected = self.state_dict()
         missing, extra = expected.keys() - flat.keys(), flat.keys() - expected.keys()
         if missing or extra:
-            raise ValueError(
+            raise InputError(
                 f"optimizer state: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}"
             )
         for name, per_param in self.state.items():
             for key, value in per_param.items():
                 saved = flat[f"{name}.{key}"]
                 if saved.shape != value.shape:
-                    raise ValueError(
+                    raise InputError(
                         f"optimizer state {name}.{key} has shape {saved.shape}, "
                         f"expected {value.shape}"
                     )

@@ -12,6 +12,7 @@ import numpy as np
 
 from numpy_engine import checks
 from numpy_engine.blocks import with_prefix
+from numpy_engine.checks import InputError, InputTypeError
 
 Init = Callable[[tuple[int, ...]], np.ndarray]
 
@@ -71,13 +72,13 @@ def check_params(params: dict, expected: dict) -> dict[str, np.ndarray]:
     """Same keys, shapes and dtypes as expected; returns copies so nothing is shared."""
     missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
     if missing or extra:
-        raise ValueError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
+        raise InputError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
     for key, ref in expected.items():
         value = params[key]
         if not isinstance(value, np.ndarray) or value.shape != ref.shape:
             got = getattr(value, "shape", type(value).__name__)
-            raise ValueError(f"params[{key!r}] must have shape {ref.shape}, got {got}")
+            raise InputError(f"params[{key!r}] must have shape {ref.shape}, got {got}")
         if value.dtype != ref.dtype:
-            raise TypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
+            raise InputTypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
         checks.check_finite(f"params[{key!r}]", value)
     return {key: np.array(params[key]) for key in expected}

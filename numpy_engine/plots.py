@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from numpy_engine.checks import InputError
 
-class MissingExtra(ValueError):
-    """matplotlib is not installed."""
+
+class MissingExtra(InputError):
+    """matplotlib is not installed: the user asked for a picture without the plot extra."""
 
 
 def check_matplotlib() -> None:

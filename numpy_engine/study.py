@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import numpy_engine as ne
+from numpy_engine.checks import InputError
 from numpy_engine.generate import greedy_decode
 from numpy_engine.gradcheck import check_gradient, sample_indices
 from numpy_engine.tasks import BOS, EOS, PAD
@@ -23,7 +24,7 @@ def example_batch(kind: str, seed: int) -> tuple:
         target[np.arange(4), lengths] = EOS  # EOS after the last token, then padding
         return model, (tokens, decoder_input, target)
     if kind != "gpt":
-        raise ValueError(f"model must be 'seq2seq' or 'gpt', got {kind!r}")
+        raise InputError(f"model must be 'seq2seq' or 'gpt', got {kind!r}")
     model = ne.MiniGPT(ne.GPTConfig(dtype="float64"), seed=seed)
     idx = rng.integers(0, 13, size=(4, 32))
     targets = np.roll(idx, -1, axis=1)

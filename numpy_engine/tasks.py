@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from numpy_engine.checks import InputError
+
 PAD, BOS, EOS = 0, 1, 2
 SYMBOLS = tuple(range(4, 12))
 COPY_VOCAB_SIZE = 12
@@ -57,7 +59,7 @@ def _split(sequences: list[tuple[int, ...]], reverse: bool) -> Split:
 def sequence_task(name: str = "copy", seed: int = 7, train_fraction: float = 0.8) -> SequenceTask:
     """Every sequence of 1..3 symbols, split by a permutation drawn from seed."""
     if name not in ("copy", "reverse"):
-        raise ValueError(f"task must be 'copy' or 'reverse', got {name!r}")
+        raise InputError(f"task must be 'copy' or 'reverse', got {name!r}")
     sequences = [
         s for n in range(1, MAX_SEQUENCE_LENGTH + 1) for s in itertools.product(SYMBOLS, repeat=n)
     ]
@@ -77,13 +79,13 @@ def read_text(path: str | Path) -> str:
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise ValueError(f"text file {path}: cannot read it ({error.strerror})") from None
+        raise InputError(f"text file {path}: cannot read it ({error.strerror})") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"text file {path}: not UTF-8 (byte {error.start})") from None
+        raise InputError(f"text file {path}: not UTF-8 (byte {error.start})") from None
     if not text:
-        raise ValueError(f"text file {path} is empty")
+        raise InputError(f"text file {path} is empty")
     return text
 
 
@@ -92,7 +94,7 @@ class CharCorpus:
 
     def __init__(self, text: str) -> None:
         if len(text) < 2:
-            raise ValueError(f"text must have at least 2 characters, got {len(text)}")
+            raise InputError(f"text must have at least 2 characters, got {len(text)}")
         self.chars = sorted(set(text))
         self.index = {ch: i for i, ch in enumerate(self.chars)}
         self.ids = self.encode(text)  # (len(text),)
@@ -104,7 +106,7 @@ class CharCorpus:
     def encode(self, text: str) -> np.ndarray:
         unknown = sorted(set(text) - set(self.index))
         if unknown:
-            raise ValueError(f"text has characters outside the vocabulary: {unknown!r}")
+            raise InputError(f"text has characters outside the vocabulary: {unknown!r}")
         return np.array([self.index[ch] for ch in text], dtype=np.int64)
 
     def decode(self, ids) -> str:
@@ -113,7 +115,7 @@ class CharCorpus:
     def batch(self, rng: np.random.Generator, batch_size: int, context: int) -> tuple:
         """batch_size random windows: idx (B, T) and targets (B, T), targets = idx shifted by 1."""
         if len(self.ids) < context + 1:
-            raise ValueError(
+            raise InputError(
                 f"the text has {len(self.ids)} characters; a context of {context} "
                 f"needs at least {context + 1}"
             )

@@ -20,6 +20,7 @@ from typing import Callable, TextIO
 import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
+from numpy_engine.checks import InputError
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.memory import check_fits
 from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
@@ -106,9 +107,9 @@ def _check_run_config(cfg) -> None:
     for name in ("steps", "batch_size", "eval_every"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+            raise InputError(f"{name} must be a positive int, got {value!r}")
     if not cfg.lr > 0 or not cfg.clip > 0:
-        raise ValueError(f"lr and clip must be positive, got lr={cfg.lr}, clip={cfg.clip}")
+        raise InputError(f"lr and clip must be positive, got lr={cfg.lr}, clip={cfg.clip}")
 
 
 def check_finite(step: int, loss: float, grads: dict[str, np.ndarray]) -> None:
@@ -374,14 +375,14 @@ def resume(
     meta = checkpoint.meta
     missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
     if missing:
-        raise ValueError(
+        raise InputError(
             f"checkpoint in {out_dir} cannot be resumed: its meta lacks {sorted(missing)}"
         )
     char_lm = meta["task"] == "char-lm"
     cfg = (CharTrainConfig if char_lm else SequenceTrainConfig)(**meta["train_config"])
     cfg = replace(cfg, steps=steps or cfg.steps)
     if meta["step"] >= cfg.steps:
-        raise ValueError(
+        raise InputError(
             f"the run in {out_dir} has done {meta['step']} steps of {cfg.steps}: nothing to "
             f"resume; give --steps N with N > {meta['step']} to train it further"
         )

@@ -193,3 +193,26 @@ def test_final_train_loss_has_one_definition(short_copy, char_run):
         result = json.loads((run / "result.json").read_text())
         losses = json.loads((run / "history.json").read_text())["train_loss"]
         assert result["final_train_loss"] == pytest.approx(np.mean(losses[-10:]), rel=1e-12)
+
+
+def test_an_engine_bug_surfaces_as_the_bug_it_is(monkeypatch, capsys):
+    """Only InputError (and a file's OSError) is the user's mistake: exit 2 and one line. A
+    TypeError or ValueError from inside the engine is a bug and keeps its traceback."""
+    import numpy_engine.cli as cli
+    from numpy_engine.checks import InputError
+
+    def buggy(args):
+        raise TypeError("unsupported operand type(s)")
+
+    def refused(args):
+        raise InputError("--source ids must be symbols 4..11, got [1]")
+
+    argv = ["generate", "--checkpoint", "unused", "--source", "4"]
+    monkeypatch.setattr(cli, "run_generate", buggy)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        cli.main(argv)
+    monkeypatch.setattr(cli, "run_generate", refused)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "numpy-engine generate: error: --source ids must be symbols 4..11, got [1]"
+    )
