@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,3 +93,23 @@ def test_missing_file(tmp_path):
 def test_saving_leaves_no_temporary_files(saved):
     path = saved[0]
     assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.npz"]
+
+
+# Written by the engine at commit f12de4e (a 20-step copy run, d_model 8): later changes to
+# the model contract must keep loading the checkpoints users already have.
+OLD_CHECKPOINT = Path(__file__).parent / "fixtures" / "copy-f12de4e"
+
+
+def test_a_checkpoint_written_by_an_earlier_engine_loads_decodes_and_resumes(tmp_path):
+    from numpy_engine.generate import greedy_decode
+    from numpy_engine.train import resume
+
+    checkpoint = load_checkpoint(OLD_CHECKPOINT)
+    assert checkpoint.meta["step"] == 20 and checkpoint.model.config.d_model == 8
+    generated = greedy_decode(checkpoint.model, np.array([[4, 7]]), max_new_tokens=3)
+    assert generated.shape == (1, 3) and ((generated >= 0) & (generated < 12)).all()
+    run = tmp_path / "run"
+    shutil.copytree(OLD_CHECKPOINT, run)
+    resumed = resume(run, progress_stream=None, steps=25)
+    assert resumed.history["step"][-5:] == [21, 22, 23, 24, 25]
+    assert np.isfinite(resumed.history["train_loss"]).all()
