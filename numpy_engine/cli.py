@@ -11,6 +11,7 @@ input exits with status 2 and a one-line message.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -27,6 +28,7 @@ from numpy_engine.cli_args import (
     run_command,
 )
 from numpy_engine.cli_study import add_study_commands
+from numpy_engine.configs import REFERENCE_RUNS
 
 TORCH_COMMANDS = {
     "parity": "compare every gradient with the PyTorch reference on one padded batch",
@@ -34,11 +36,25 @@ TORCH_COMMANDS = {
     "import": "turn a PyTorch state_dict (.pt) into an engine checkpoint",
     "bench": "time training steps against the PyTorch reference",
 }
-TASK_DEFAULTS = {  # the reference runs
-    "copy": {"steps": 800, "lr": 1e-3},
-    "reverse": {"steps": 1000, "lr": 1e-3},
-    "char-lm": {"steps": 300, "lr": 3e-3},
+# The train command's options that set a run's config field of the same name; their
+# defaults are the reference runs' (configs.REFERENCE_RUNS), shown in --help from there.
+RUN_FLAGS = {
+    "steps": (positive_int, "optimizer steps"),
+    "seed": (int, "seeds the data split, the initial weights and the batches"),
+    "lr": (positive_float, "learning rate, of Adam for copy/reverse and AdamW for char-lm"),
+    "batch_size": (positive_int, "sequences per step"),
+    "clip": (positive_float, "clip the global gradient norm to this"),
+    "eval_every": (positive_int, "copy/reverse: evaluate on the held-out split every N steps"),
+    "context": (positive_int, "char-lm: characters per training window"),
 }
+
+
+def _defaults(name: str) -> str:
+    """'default: 7', or per task where they differ: 'default: copy 800, reverse 1000, ...'."""
+    values = {task: vars(cfg)[name] for task, cfg in REFERENCE_RUNS.items() if name in vars(cfg)}
+    if len(set(values.values())) == 1:
+        return f"default: {next(iter(values.values()))}"
+    return "default: " + ", ".join(f"{task} {value}" for task, value in values.items())
 
 
 def add_train_command(commands) -> None:
@@ -51,41 +67,12 @@ def add_train_command(commands) -> None:
     train.add_argument(
         "task",
         nargs="?",
-        choices=list(TASK_DEFAULTS),
+        choices=list(REFERENCE_RUNS),
         help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
         "char-lm: MiniGPT on a character corpus",
     )
-    train.add_argument(
-        "--steps",
-        type=positive_int,
-        help="optimizer steps (default: copy 800, reverse 1000, char-lm 300)",
-    )
-    train.add_argument(
-        "--seed",
-        type=int,
-        help="seeds the data split, the initial weights and the batches (default: 7)",
-    )
-    train.add_argument(
-        "--lr",
-        type=positive_float,
-        help="learning rate (default: 1e-3 Adam for copy/reverse, 3e-3 AdamW for char-lm)",
-    )
-    train.add_argument("--batch-size", type=positive_int, help="sequences per step (default: 32)")
-    train.add_argument(
-        "--clip",
-        type=positive_float,
-        help="clip the global gradient norm to this (default: 1.0)",
-    )
-    train.add_argument(
-        "--eval-every",
-        type=positive_int,
-        help="copy/reverse: evaluate on the held-out split every N steps (default: 100)",
-    )
-    train.add_argument(
-        "--context",
-        type=positive_int,
-        help="char-lm: characters per training window (default: 32)",
-    )
+    for name, (kind, text) in RUN_FLAGS.items():
+        train.add_argument(_flag(name), type=kind, help=f"{text} ({_defaults(name)})")
     train.add_argument(
         "--text",
         metavar="FILE",
@@ -181,9 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
 # -------------------------------------------------------------------------- commands
 
 
-RUN_FLAGS = ("steps", "seed", "lr", "batch_size", "clip", "eval_every", "context")  # config fields
-
-
 def run_train(args: argparse.Namespace) -> int:
     from numpy_engine import train
     from numpy_engine.memory import keep_freed_memory
@@ -247,17 +231,17 @@ def _train_new(args: argparse.Namespace, given: dict, stream):
     from numpy_engine import train
     from numpy_engine.tasks import read_text
 
-    settings = {**TASK_DEFAULTS[args.task], **given}  # the rest: the config class's defaults
+    if args.task != "char-lm":
+        for flag in ("text", "context"):
+            if getattr(args, flag) is not None:
+                raise InputError(f"{_flag(flag)} is for char-lm only")
+    cfg = dataclasses.replace(REFERENCE_RUNS[args.task], **given)
     checkpointing = None
     if args.checkpoint_every:
         checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every)
     if args.task == "char-lm":
         text = read_text(args.text) if args.text else None
-        return train.train_char_lm(train.CharTrainConfig(**settings), text, stream, checkpointing)
-    for flag in ("text", "context"):
-        if getattr(args, flag) is not None:
-            raise InputError(f"{_flag(flag)} is for char-lm only")
-    cfg = train.SequenceTrainConfig(task=args.task, **settings)
+        return train.train_char_lm(cfg, text, stream, checkpointing)
     return train.train_sequence_task(cfg, None, stream, checkpointing)
 
 

@@ -1,4 +1,5 @@
-"""Model configurations: frozen dataclasses, checked when they are made."""
+"""Configurations, frozen dataclasses: the models' (checked when they are made) and the training
+runs', whose defaults the command line's options come from."""
 
 from __future__ import annotations
 
@@ -54,3 +55,37 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         _check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
+
+
+# --------------------------------------------------------------------- training runs
+
+
+@dataclass(frozen=True)
+class SequenceTrainConfig:
+    task: str = "copy"  # or "reverse"
+    steps: int = 800
+    seed: int = 7
+    lr: float = 1e-3
+    batch_size: int = 32
+    clip: float = 1.0
+    eval_every: int = 100
+
+
+@dataclass(frozen=True)
+class CharTrainConfig:
+    steps: int = 300
+    seed: int = 7
+    lr: float = 3e-3
+    batch_size: int = 32
+    context: int = 32
+    clip: float = 1.0
+    weight_decay: float = 0.01
+    eval_every: int = 50
+    prompt: str | None = None  # the sample's prompt; None: the text's first 3 characters
+
+
+REFERENCE_RUNS = {  # what `numpy-engine train TASK` runs without flags
+    "copy": SequenceTrainConfig(task="copy"),
+    "reverse": SequenceTrainConfig(task="reverse", steps=1000),
+    "char-lm": CharTrainConfig(),
+}

@@ -21,35 +21,12 @@ import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.checks import InputError
+from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.memory import check_fits
 from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
 from numpy_engine.optim import Adam, AdamW, Optimizer
 from numpy_engine.tasks import DEFAULT_TEXT, EOS, PAD, CharCorpus, Split, sequence_task
-
-
-@dataclass(frozen=True)
-class SequenceTrainConfig:
-    task: str = "copy"  # or "reverse"
-    steps: int = 800
-    seed: int = 7
-    lr: float = 1e-3
-    batch_size: int = 32
-    clip: float = 1.0
-    eval_every: int = 100
-
-
-@dataclass(frozen=True)
-class CharTrainConfig:
-    steps: int = 300
-    seed: int = 7
-    lr: float = 3e-3
-    batch_size: int = 32
-    context: int = 32
-    clip: float = 1.0
-    weight_decay: float = 0.01
-    eval_every: int = 50
-    prompt: str | None = None  # the sample's prompt; None: the text's first 3 characters
 
 
 @dataclass
@@ -240,7 +217,7 @@ def _strip(ids: np.ndarray) -> list[int]:
 
 
 def train_sequence_task(
-    cfg: SequenceTrainConfig = SequenceTrainConfig(),
+    cfg: SequenceTrainConfig = REFERENCE_RUNS["copy"],
     model_config: Seq2SeqConfig | None = None,
     progress_stream: TextIO | None = sys.stderr,
     checkpointing: Checkpointing | None = None,
@@ -304,7 +281,7 @@ def train_sequence_task(
 
 
 def train_char_lm(
-    cfg: CharTrainConfig = CharTrainConfig(),
+    cfg: CharTrainConfig = REFERENCE_RUNS["char-lm"],
     text: str | None = None,
     progress_stream: TextIO | None = sys.stderr,
     checkpointing: Checkpointing | None = None,
