@@ -23,6 +23,7 @@ import numpy as np
 from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
+    add_source_or_prompt,
     positive_float,
     positive_int,
     run_command,
@@ -111,16 +112,9 @@ def add_generate_command(commands) -> None:
         "sampled text from a char-lm checkpoint (--prompt).",
     )
     add_checkpoint_argument(gen)
-    what = gen.add_mutually_exclusive_group(required=True)
-    what.add_argument(
-        "--source",
-        type=int,
-        nargs="+",
-        metavar="ID",
-        help="copy/reverse: the source symbols, ids 4..11 (e.g. --source 4 7 9); the output "
-        "ends at EOS (2)",
+    add_source_or_prompt(
+        gen, "the output ends at EOS (2)", 'the text to continue (e.g. --prompt "to ")'
     )
-    what.add_argument("--prompt", help='char-lm: the text to continue (e.g. --prompt "to ")')
     gen.add_argument(
         "--max-new-tokens",
         type=positive_int,

@@ -51,6 +51,19 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_source_or_prompt(parser: argparse.ArgumentParser, source_use: str, prompt_use: str) -> None:
+    """What the model reads: --source ids for a copy/reverse checkpoint, or a char-lm --prompt."""
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--source",
+        type=int,
+        nargs="+",
+        metavar="ID",
+        help=f"copy/reverse: the source symbols, ids 4..11 (e.g. --source 4 7 9); {source_use}",
+    )
+    what.add_argument("--prompt", help=f"char-lm: {prompt_use}")
+
+
 def run_command(args: argparse.Namespace) -> int:
     """args.run(args), with each kind of failure as one line on stderr and its exit status:
     2 for the user's input (InputError) or a file, 1 for a run that stopped (divergence,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from numpy_engine.checks import InputError
-from numpy_engine.cli_args import add_checkpoint_argument, int_in
+from numpy_engine.cli_args import add_checkpoint_argument, add_source_or_prompt, int_in
 
 MAX_ENTRIES = 64
 
@@ -22,11 +22,9 @@ def add_study_commands(commands) -> None:
         "Needs the plot extra.",
     )
     add_checkpoint_argument(attention)
-    what = attention.add_mutually_exclusive_group(required=True)
-    what.add_argument(
-        "--source", type=int, nargs="+", metavar="ID", help="copy/reverse: source ids"
+    add_source_or_prompt(
+        attention, "drawn with the greedy output", "the text to look at, up to the model's context"
     )
-    what.add_argument("--prompt", help="char-lm: the text to look at")
     attention.add_argument(
         "--out",
         default="attention.png",
