@@ -1,5 +1,6 @@
-"""Malformed input thrown at the public API: every one must raise ValueError or TypeError
-whose message names the argument; never another exception, a hang, or a silent NaN.
+"""Malformed input thrown at the public API: every one must raise InputError (a ValueError;
+InputTypeError is also a TypeError) whose message names the argument; never another
+exception (numpy's own ValueError included), a hang, or a silent NaN.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numpy_engine as ne
+from numpy_engine.checks import InputError
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record_count
 
@@ -52,7 +54,7 @@ def malformed_ids(shape: tuple[int, int], vocab: int, batch_is_fixed: bool = Tru
 def assert_clear_error(call, argument: str) -> None:
     try:
         call()
-    except (ValueError, TypeError) as error:
+    except InputError as error:  # a ValueError or TypeError of numpy's own would be a bug
         assert argument in str(error), f"the message does not name {argument!r}: {error}"
         record_count("malformed inputs refused with a clear error")
         return
