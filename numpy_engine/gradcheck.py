@@ -34,12 +34,21 @@ def numerical_gradient(
     """
     _check_nudgeable(x)
     indices = np.arange(x.size) if indices is None else np.asarray(indices)
-    numeric = [directional_derivative(f, x, int(i), h) for i in indices]
+    _, region = _evaluate(f)  # once for every entry
+    numeric = [directional_derivative(f, x, int(i), h, region=region) for i in indices]
     return np.array([np.nan if d is None else d for d in numeric])
 
 
+_AT_X = object()  # directional_derivative's default: evaluate f at x to learn its region
+
+
 def directional_derivative(
-    f: Probe, x: np.ndarray, direction: int | np.ndarray, h: float = 1e-5, smallest_h: float = 1e-8
+    f: Probe,
+    x: np.ndarray,
+    direction: int | np.ndarray,
+    h: float = 1e-5,
+    smallest_h: float = 1e-8,
+    region: bytes | None | object = _AT_X,
 ) -> float | None:
     """The derivative of f along direction (an array shaped like x, or a flat index of x), as
     numerical_gradient computes it.
@@ -48,9 +57,12 @@ def directional_derivative(
     a piecewise-smooth f that x lies in (e.g. the pattern of positive ReLU pre-activations).
     A difference whose points lie in another region than x straddles a kink, and there the
     central difference measures the jump, not the derivative: the step shrinks tenfold until
-    no point leaves x's region. None if that takes a step below smallest_h.
+    no point leaves x's region. None if that takes a step below smallest_h. A caller that
+    checks many directions at one x passes x's region (or None) instead of having it
+    evaluated each time.
     """
-    _, region = _evaluate(f)
+    if region is _AT_X:
+        _, region = _evaluate(f)
     while h >= smallest_h:
         d_h, left_h = _central_difference(f, x, direction, h, region)
         d_half, left_half = _central_difference(f, x, direction, h / 2, region)
@@ -184,8 +196,9 @@ def check_directions(
         noise = rounding_noise(f, x, busiest)
     noise = max(noise, np.finfo(np.float64).eps * f_terms)
     best = GradientCheck(np.nan, np.full(len(directions), np.nan))  # NaN error: none judged
+    _, region = _evaluate(f)  # once for every direction and step
     for h in steps:
-        estimates = [directional_derivative(f, x, d, h) for d in directions]
+        estimates = [directional_derivative(f, x, d, h, region=region) for d in directions]
         numeric = np.array([np.nan if e is None else e for e in estimates])
         judged = ~np.isnan(numeric)
         if not judged.any():
