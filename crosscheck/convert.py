@@ -17,6 +17,7 @@ from numpy_engine.checks import InputError, InputTypeError
 from torch_reference.models import MiniGPT, Seq2SeqTransformer
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+TORCH_TWINS = {"seq2seq": Seq2SeqTransformer, "gpt": MiniGPT}  # by the engine model's kind
 
 
 def torch_model_for(engine_model: ne.Seq2SeqTransformer | ne.MiniGPT) -> nn.Module:
@@ -24,8 +25,7 @@ def torch_model_for(engine_model: ne.Seq2SeqTransformer | ne.MiniGPT) -> nn.Modu
     config = engine_model.config
     kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     dtype = TORCH_DTYPES[kwargs.pop("dtype")]
-    torch_class = Seq2SeqTransformer if isinstance(engine_model, ne.Seq2SeqTransformer) else MiniGPT
-    module = torch_class(**kwargs).to(dtype)
+    module = TORCH_TWINS[engine_model.kind](**kwargs).to(dtype)
     load_engine_params(module, engine_model.params)
     return module
 

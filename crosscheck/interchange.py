@@ -30,11 +30,10 @@ def sidecar(path: Path) -> Path:
 def export_checkpoint(checkpoint_path: str | Path, to: str | Path) -> Path:
     checkpoint = load_checkpoint(checkpoint_path)
     model, to = checkpoint.model, Path(to)
-    kind = next(name for name, (_, cls) in KINDS.items() if isinstance(model, cls))
     state_dict = {key: torch.tensor(value) for key, value in model.params.items()}
     torch.save(state_dict, to)
     meta = {key: value for key, value in checkpoint.meta.items() if key in KEPT_META}
-    description = {"kind": kind, "config": dataclasses.asdict(model.config), "meta": meta}
+    description = {"kind": model.kind, "config": dataclasses.asdict(model.config), "meta": meta}
     sidecar(to).write_text(json.dumps(description, indent=2) + "\n")
     return to
 

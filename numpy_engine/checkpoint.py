@@ -28,7 +28,10 @@ from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransf
 
 FORMAT_VERSION = 1
 FILENAME = "checkpoint.npz"
-KINDS = {"seq2seq": (Seq2SeqConfig, Seq2SeqTransformer), "gpt": (GPTConfig, MiniGPT)}
+KINDS = {
+    model.kind: (config, model)
+    for config, model in [(Seq2SeqConfig, Seq2SeqTransformer), (GPTConfig, MiniGPT)]
+}
 
 
 @dataclass
@@ -49,10 +52,9 @@ def save_checkpoint(
 ) -> Path:
     """Write atomically; returns the file written."""
     path = resolve(path)
-    kind = "seq2seq" if isinstance(model, Seq2SeqTransformer) else "gpt"
     arrays = {
         "format_version": np.array(FORMAT_VERSION),
-        "kind": np.array(kind),
+        "kind": np.array(model.kind),
         "config": np.array(json.dumps(dataclasses.asdict(model.config))),
         "meta": np.array(json.dumps(meta or {})),
     }

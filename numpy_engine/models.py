@@ -55,6 +55,7 @@ GPT_IGNORE_INDEX = -100  # PyTorch's default ignore_index
 class _Model:
     """What both models share: params, grads with the same keys, loading and the loss."""
 
+    kind: str  # the model kind's name, a key of checkpoint.KINDS
     config: Seq2SeqConfig | GPTConfig
     params: dict[str, np.ndarray]
 
@@ -115,6 +116,8 @@ class Seq2SeqCache(NamedTuple):
 
 class Seq2SeqTransformer(_Model):
     """Encoder-decoder with one embedding table shared by source and target."""
+
+    kind = "seq2seq"  # how checkpoints and the PyTorch twin name this model
 
     @staticmethod
     def _init_params(cfg: Seq2SeqConfig, rng: np.random.Generator) -> dict:
@@ -264,6 +267,8 @@ class GPTCache(NamedTuple):
 
 class MiniGPT(_Model):
     """Decoder-only character model: token + learned position embeddings, causal blocks."""
+
+    kind = "gpt"  # how checkpoints and the PyTorch twin name this model
 
     @staticmethod
     def _init_params(cfg: GPTConfig, rng: np.random.Generator) -> dict:
