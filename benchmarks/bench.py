@@ -27,34 +27,19 @@ from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor
 from benchmarks.workloads import WORKLOADS as CONFIGS
 from benchmarks.workloads import Workload, engine_step, peak_rss_mb
 from crosscheck.convert import tensor, torch_model_for
-from numpy_engine.configs import GPTConfig
+from numpy_engine.models import GPTConfig
 from numpy_engine.memory import keep_freed_memory
 
 
 def build(cfg: Workload, n_batches: int):
     """The engine's workload plus the matching torch optimizer class."""
     model, optimizer, batches = workloads.build(cfg, n_batches)
-    torch_optimizer = torch.optim.Adam if cfg.kind == "seq2seq" else torch.optim.AdamW
-    return model, optimizer, batches, torch_optimizer
+    return model, optimizer, batches, getattr(torch.optim, cfg.optimizer.__name__)
 
 
 def flops_per_step(cfg: Workload, model) -> float:
     """Matmul FLOPs of one training step: 3x the forward's (backward is two matmuls per one)."""
-    c = model.config
-    C, F, V = c.d_model, c.d_ff, c.vocab_size
-    if cfg.kind == "gpt":
-        N, T = cfg.batch_size * cfg.context, cfg.context
-        per_block = (
-            2 * N * (4 * C * C + 2 * C * F) + 2 * 2 * N * T * C
-        )  # projections, FFN, attention
-        forward = c.n_layers * per_block + 2 * N * C * V
-    else:
-        B, S, T = cfg.batch_size, 3, 4
-        enc = 2 * B * S * (4 * C * C + 2 * C * F) + 4 * B * S * S * C
-        dec = 2 * B * T * (4 * C * C + 2 * C * F) + 4 * B * T * T * C  # self-attention + FFN
-        dec += 2 * B * T * 2 * C * C + 2 * B * S * 2 * C * C + 4 * B * T * S * C  # cross-attention
-        forward = c.n_encoder_layers * enc + c.n_decoder_layers * dec + 2 * B * T * C * V
-    return 3.0 * forward
+    return 3.0 * model.forward_flops(model.config, cfg.batch_size, cfg.length)
 
 
 def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
@@ -138,7 +123,7 @@ def torch_memory_probe(config: str, steps: int, threads: int) -> None:
 
 def matmul_floor(cfg: Workload) -> dict:
     """The step's matmuls alone in each library (benchmarks/matmul_floor.py)."""
-    products = gpt_step_matmuls(GPTConfig(**cfg.model), cfg.batch_size, cfg.context)
+    products = gpt_step_matmuls(GPTConfig(**cfg.model), cfg.batch_size, cfg.length)
     floor = matmul_floor_ms(products)
     return {"numpy_matmul_ms": floor["numpy"], "torch_matmul_ms": floor["torch"]}
 
@@ -155,7 +140,7 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
             results[name] = time_config(cfg, n, min(warmup, n))
             results[name]["steps_timed"] = n
             results[name]["engine_peak_fraction"] = results[name]["engine_gflops"] / peak
-            if cfg.kind == "gpt":
+            if cfg.matmul_floor:
                 results[name] |= matmul_floor(cfg)
     if memory:
         for name in configs:

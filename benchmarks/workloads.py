@@ -11,52 +11,50 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import numpy_engine as ne
 from numpy_engine.memory import keep_freed_memory
+from numpy_engine.models import model_class
 from numpy_engine.optim import Adam, AdamW
-from numpy_engine.tasks import sequence_task
 
 
 @dataclass(frozen=True)
 class Workload:
     name: str
-    kind: str  # "seq2seq" or "gpt"
+    kind: str  # a registered model kind (numpy_engine/models)
     model: dict  # config overrides
     batch_size: int
-    context: int  # GPT only
+    length: int  # positions (a seq2seq model's source length)
+    optimizer: type  # the engine's; torch.optim's class of the same name is its twin
+    matmul_floor: bool = False  # also time the step's matmuls alone (a decoder-only GPT)
 
 
 WORKLOADS = {
-    "copy": Workload("copy", "seq2seq", {}, 32, 0),
-    "char-lm": Workload("char-lm", "gpt", {}, 32, 32),
+    "copy": Workload("copy", "seq2seq", {}, 32, 3, Adam),
+    "char-lm": Workload("char-lm", "gpt", {}, 32, 32, AdamW, matmul_floor=True),
     "large": Workload(
         "large",
         "gpt",
         dict(vocab_size=65, d_model=256, n_heads=8, d_ff=1024, n_layers=4, max_len=128),
         32,
         128,
+        AdamW,
+        matmul_floor=True,
     ),
 }
 
 
 def build(workload: Workload, n_batches: int):
-    """The float32 engine model, its optimizer (Adam for copy, AdamW for GPT), and batches."""
+    """The float32 engine model, its optimizer, and n_batches seeded example batches."""
     rng = np.random.default_rng(0)
-    if workload.kind == "seq2seq":
-        model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(**workload.model), seed=0)
-        train = sequence_task("copy", seed=7).train
-        B = workload.batch_size
-        batches = [train.take(rng.integers(0, len(train), B)) for _ in range(n_batches)]
-        return model, Adam(model.params, lr=1e-3), batches
-    model = ne.MiniGPT(ne.GPTConfig(**workload.model), seed=0)
-    V, B, T = model.config.vocab_size, workload.batch_size, workload.context
-    batches = [(rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))) for _ in range(n_batches)]
-    return model, AdamW(model.params, lr=1e-3), batches
+    kind = model_class(workload.kind)
+    model = kind(kind.config_class(**workload.model), seed=0)
+    B, length = workload.batch_size, workload.length
+    batches = [kind.example_batch(model.config, rng, B, length) for _ in range(n_batches)]
+    return model, workload.optimizer(model.params, lr=1e-3), batches
 
 
 def engine_step(model, optimizer, batch) -> float:
     loss, grads = model.loss_and_grads(*batch)
-    optimizer.step(model.params, grads, max_grad_norm=1.0)  # clips on the optimizer's flat copy
+    optimizer.step(model.flat, model.flat_grads(grads), max_grad_norm=1.0)
     return loss
 
 

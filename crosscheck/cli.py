@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from numpy_engine.cli_args import add_checkpoint_argument, positive_int, run_command
+from numpy_engine.models import KINDS
 
 
 def add_parity_command(commands) -> None:
@@ -22,7 +23,7 @@ def add_parity_command(commands) -> None:
     )
     parity.add_argument(
         "--model",
-        choices=["seq2seq", "gpt"],
+        choices=list(KINDS),
         default="seq2seq",
         help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT "
         "(default: seq2seq)",

@@ -7,25 +7,30 @@ engine model and its torch twin never share memory.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import numpy as np
 import torch
 from torch import nn
 
-import numpy_engine as ne
 from numpy_engine.checks import InputError, InputTypeError
-from torch_reference.models import MiniGPT, Seq2SeqTransformer
+from numpy_engine.models import Model
+from torch_reference import models as torch_models
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
-TORCH_TWINS = {"seq2seq": Seq2SeqTransformer, "gpt": MiniGPT}  # by the engine model's kind
 
 
-def torch_model_for(engine_model: ne.Seq2SeqTransformer | ne.MiniGPT) -> nn.Module:
-    """The torch_reference twin of an engine model: same config, dtype and weights."""
-    config = engine_model.config
-    kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    dtype = TORCH_DTYPES[kwargs.pop("dtype")]
-    module = TORCH_TWINS[engine_model.kind](**kwargs).to(dtype)
+def torch_model_for(engine_model: Model) -> nn.Module:
+    """The torch_reference twin of an engine model (the class the model names as its
+    torch_twin): same config, dtype and weights."""
+    twin = getattr(torch_models, engine_model.torch_twin)
+    config = dataclasses.asdict(engine_model.config)
+    dtype = TORCH_DTYPES[config.pop("dtype")]
+    # the config fields the twin's constructor takes: the architecture's (decoding's special
+    # ids, say, are the engine's business)
+    accepted = inspect.signature(twin).parameters
+    module = twin(**{name: value for name, value in config.items() if name in accepted})
+    module = module.to(dtype)
     load_engine_params(module, engine_model.params)
     return module
 

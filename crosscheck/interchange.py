@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from numpy_engine.checkpoint import KINDS, load_checkpoint, save_checkpoint
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.checks import InputError
+from numpy_engine.models import model_class
 
 KEPT_META = ("task", "vocabulary")
 
@@ -56,8 +57,8 @@ def import_state_dict(path: str | Path, out: str | Path, config_path: str | Path
         raise InputError(f"{path}: refused, expected a dict of tensors (a state_dict)")
     try:
         description = json.loads(config_path.read_text())
-        config_class, model_class = KINDS[description["kind"]]
-        model = model_class(config_class(**description["config"]))
+        kind = model_class(description["kind"])
+        model = kind(kind.config_class(**description["config"]))
     except (OSError, KeyError, TypeError, ValueError) as error:
         raise InputError(f"{config_path}: cannot read the model description ({error})") from None
     model.load_params({key: np.array(t.detach().numpy()) for key, t in state_dict.items()})

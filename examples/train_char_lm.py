@@ -22,8 +22,9 @@ sampler = np.random.default_rng([SEED, 1])
 for step in range(1, STEPS + 1):
     idx, targets = corpus.batch(sampler, BATCH_SIZE, CONTEXT)  # targets: idx shifted by one
     loss, grads = model.loss_and_grads(idx, targets)
-    grads, _ = clip_grad_norm(grads, max_norm=1.0)
-    optimizer.step(model.params, grads)
+    flat_grads = model.flat_grads(grads)  # one vector, laid out like model.flat
+    clip_grad_norm(flat_grads, max_norm=1.0)  # scales flat_grads in place
+    optimizer.step(model.flat, flat_grads)  # updates model.flat, which model.params views
     if step == 1 or step % 50 == 0:
         print(f"step {step:4d}  loss {loss:.4f}   (uniform guessing: ln 13 = {np.log(13):.4f})")
 

@@ -24,8 +24,9 @@ for step in range(1, STEPS + 1):
     rows = sampler.integers(0, len(task.train), size=BATCH_SIZE)
     source, decoder_input, target = task.train.take(rows)
     loss, grads = model.loss_and_grads(source, decoder_input, target)  # forward + backward
-    grads, grad_norm = clip_grad_norm(grads, max_norm=1.0)
-    optimizer.step(model.params, grads)
+    flat_grads = model.flat_grads(grads)  # one vector, laid out like model.flat
+    grad_norm = clip_grad_norm(flat_grads, max_norm=1.0)  # scales flat_grads in place
+    optimizer.step(model.flat, flat_grads)  # updates model.flat, which model.params views
     if step == 1 or step % 100 == 0:
         print(f"step {step:4d}  loss {loss:.4f}  gradient norm {grad_norm:.3f}")
 

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine.checks import InputError
+from numpy_engine.keys import with_prefix
 from numpy_engine.layers import linear_backward, linear_forward
 from numpy_engine.reductions import dot_last, sum_last
 
@@ -157,13 +158,13 @@ def _stacked(p: dict[str, np.ndarray], names: tuple[str, ...]) -> tuple:
     return weight, bias
 
 
-def _unstacked(dweight: np.ndarray, dbias: np.ndarray, names: tuple[str, ...]) -> dict:
+def _unstacked(stacked: dict[str, np.ndarray], names: tuple[str, ...]) -> dict:
     """The stacked projection's gradients, split back into each projection's (row blocks)."""
-    C = dweight.shape[0] // len(names)
+    C = stacked["weight"].shape[0] // len(names)
     grads = {}
     for i, name in enumerate(names):
-        grads[f"{name}.weight"] = dweight[i * C : (i + 1) * C]
-        grads[f"{name}.bias"] = dbias[i * C : (i + 1) * C]
+        grads[f"{name}.weight"] = stacked["weight"][i * C : (i + 1) * C]
+        grads[f"{name}.bias"] = stacked["bias"][i * C : (i + 1) * C]
     return grads
 
 
@@ -219,12 +220,12 @@ def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tupl
     """See docs/gradients.md#multi-head-attention. Returns (dx, grads keyed like p)."""
     if cache.past_length:
         raise InputError("self_attention_backward: the forward read past keys and values")
-    dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
+    dy, out_grads = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
     # merge_heads was a reshape, so split_heads undoes it on the gradient
     dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
     # x fed the queries, keys and values: the stacked matmul adds the three paths
-    dx, dw, db = linear_backward(merge_heads(dq, dk, dv), cache.qkv_proj)
-    return dx, _unstacked(dw, db, QKV) | {"out_proj.weight": dwo, "out_proj.bias": dbo}
+    dx, qkv_grads = linear_backward(merge_heads(dq, dk, dv), cache.qkv_proj)
+    return dx, _unstacked(qkv_grads, QKV) | with_prefix(out_grads, "out_proj.")
 
 
 class CrossAttentionCache(NamedTuple):
@@ -267,10 +268,10 @@ def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tu
     """See docs/gradients.md#multi-head-attention. Returns (dx, dmemory, grads keyed like p)."""
     if cache.kv_proj is None:
         raise InputError("cross_attention_backward: the forward was given memory_kv")
-    dy, dwo, dbo = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
+    dy, out_grads = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
     dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
-    dx, dwq, dbq = linear_backward(merge_heads(dq), cache.q_proj)  # forward was q = q_proj(x)
+    dx, q_grads = linear_backward(merge_heads(dq), cache.q_proj)  # forward was q = q_proj(x)
     # memory fed the keys and the values: the stacked matmul adds the two paths
-    dmemory, dw, db = linear_backward(merge_heads(dk, dv), cache.kv_proj)
-    grads = {"q_proj.weight": dwq, "q_proj.bias": dbq, **_unstacked(dw, db, KV)}
-    return dx, dmemory, grads | {"out_proj.weight": dwo, "out_proj.bias": dbo}
+    dmemory, kv_grads = linear_backward(merge_heads(dk, dv), cache.kv_proj)
+    grads = with_prefix(q_grads, "q_proj.") | _unstacked(kv_grads, KV)
+    return dx, dmemory, grads | with_prefix(out_grads, "out_proj.")

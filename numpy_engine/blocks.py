@@ -18,26 +18,17 @@ from numpy_engine.attention import (
     self_attention_backward,
     self_attention_forward,
 )
+from numpy_engine.keys import sub
 from numpy_engine.layers import ffn_backward, ffn_forward, layernorm_backward, layernorm_forward
-
-
-def sub(params: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """The entries under prefix, with the prefix removed: sub(p, "attn.")["q_proj.weight"]."""
-    return {key[len(prefix) :]: value for key, value in params.items() if key.startswith(prefix)}
-
-
-def with_prefix(grads: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """The inverse of sub: put the prefix back on every key."""
-    return {prefix + key: value for key, value in grads.items()}
 
 
 def _layernorm(x: np.ndarray, p: dict[str, np.ndarray], name: str) -> tuple:
     return layernorm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"])
 
 
-def _layernorm_back(dout: np.ndarray, cache: tuple, name: str, grads: dict) -> np.ndarray:
-    dx, grads[f"{name}.weight"], grads[f"{name}.bias"] = layernorm_backward(dout, cache)
-    return dx
+def _named(**parts: dict) -> dict[str, np.ndarray]:
+    """One grads dict from each sublayer's, keyed "<sublayer>.<key>" in the order given."""
+    return {f"{name}.{key}": value for name, grads in parts.items() for key, value in grads.items()}
 
 
 # ------------------------------------------------------------- self-attention block
@@ -75,14 +66,13 @@ def self_attention_block_forward(
 
 def self_attention_block_backward(dout: np.ndarray, cache: SelfBlockCache) -> tuple:
     """See docs/gradients.md#residual-blocks. Returns (dx, grads keyed like p)."""
-    grads: dict[str, np.ndarray] = {}
     dhn, ffn_grads = ffn_backward(dout, cache.ffn)
-    dh = dout + _layernorm_back(dhn, cache.ln2, "ln2", grads)  # h fed the skip and the FFN
+    dh_ln2, ln2_grads = layernorm_backward(dhn, cache.ln2)
+    dh = dout + dh_ln2  # h fed the skip and the FFN
     dxn, attn_grads = self_attention_backward(dh, cache.attn)  # sums the q, k and v paths
-    dx = dh + _layernorm_back(dxn, cache.ln1, "ln1", grads)  # x fed the skip and attention
-    grads.update(with_prefix(attn_grads, "attn."))
-    grads.update(with_prefix(ffn_grads, "ffn."))
-    return dx, grads
+    dx_ln1, ln1_grads = layernorm_backward(dxn, cache.ln1)
+    dx = dh + dx_ln1  # x fed the skip and the attention
+    return dx, _named(ln1=ln1_grads, attn=attn_grads, ln2=ln2_grads, ffn=ffn_grads)
 
 
 # -------------------------------------------------------------------- decoder block
@@ -130,14 +120,14 @@ def decoder_block_forward(
 
 def decoder_block_backward(dout: np.ndarray, cache: DecoderBlockCache) -> tuple:
     """See docs/gradients.md#residual-blocks. Returns (dy, dmemory, grads keyed like p)."""
-    grads: dict[str, np.ndarray] = {}
     dh2n, ffn_grads = ffn_backward(dout, cache.ffn)
-    dh2 = dout + _layernorm_back(dh2n, cache.ln3, "ln3", grads)  # h2 fed the skip and the FFN
+    dh2_ln3, ln3_grads = layernorm_backward(dh2n, cache.ln3)
+    dh2 = dout + dh2_ln3  # h2 fed the skip and the FFN
     dh1n, dmemory, cross_grads = cross_attention_backward(dh2, cache.cross_attn)
-    dh1 = dh2 + _layernorm_back(dh1n, cache.ln2, "ln2", grads)  # h1 fed the skip and cross-attn
+    dh1_ln2, ln2_grads = layernorm_backward(dh1n, cache.ln2)
+    dh1 = dh2 + dh1_ln2  # h1 fed the skip and the cross-attention
     dyn, self_grads = self_attention_backward(dh1, cache.self_attn)  # sums q, k and v paths
-    dy = dh1 + _layernorm_back(dyn, cache.ln1, "ln1", grads)  # y fed the skip and self-attn
-    grads.update(with_prefix(self_grads, "self_attn."))
-    grads.update(with_prefix(cross_grads, "cross_attn."))
-    grads.update(with_prefix(ffn_grads, "ffn."))
-    return dy, dmemory, grads
+    dy_ln1, ln1_grads = layernorm_backward(dyn, cache.ln1)
+    dy = dh1 + dy_ln1  # y fed the skip and the self-attention
+    grads = _named(ln1=ln1_grads, self_attn=self_grads, ln2=ln2_grads, cross_attn=cross_grads)
+    return dy, dmemory, grads | _named(ln3=ln3_grads, ffn=ffn_grads)

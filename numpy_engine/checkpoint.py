@@ -2,7 +2,7 @@
 
 Layout of the archive (all plain arrays; strings are unicode arrays):
   format_version   int, checked on load
-  kind             "seq2seq" or "gpt"
+  kind             the registered model kind ("seq2seq", "gpt", ...; numpy_engine/models)
   config           the model config as JSON
   meta             anything JSON-able (task, vocabulary, step, ...) as JSON
   param/<key>      each parameter, keyed like model.params
@@ -24,19 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from numpy_engine.checks import InputError
-from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
+from numpy_engine.models import KINDS, Model
 
 FORMAT_VERSION = 1
 FILENAME = "checkpoint.npz"
-KINDS = {
-    model.kind: (config, model)
-    for config, model in [(Seq2SeqConfig, Seq2SeqTransformer), (GPTConfig, MiniGPT)]
-}
 
 
 @dataclass
 class Checkpoint:
-    model: Seq2SeqTransformer | MiniGPT
+    model: Model
     optimizer_state: dict[str, np.ndarray]  # empty when none was saved
     meta: dict
 
@@ -101,9 +97,9 @@ def _from_arrays(path: Path, arrays: dict) -> Checkpoint:
     kind = str(arrays["kind"])
     if kind not in KINDS:
         raise InputError(f"checkpoint {path}: unknown model kind {kind!r}")
-    config_class, model_class = KINDS[kind]
+    model_class = KINDS[kind]
     try:
-        config = config_class(**json.loads(str(arrays["config"])))
+        config = model_class.config_class(**json.loads(str(arrays["config"])))
         meta = json.loads(str(arrays["meta"]))
     except (TypeError, ValueError) as error:  # JSONDecodeError is a ValueError
         raise InputError(f"checkpoint {path}: unreadable config or meta ({error})") from None

@@ -70,7 +70,7 @@ def add_train_command(commands) -> None:
         nargs="?",
         choices=list(REFERENCE_RUNS),
         help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
-        "char-lm: MiniGPT on a character corpus",
+        "char-lm: MiniGPT on a character corpus (the tasks of configs.REFERENCE_RUNS)",
     )
     for name, (kind, text) in RUN_FLAGS.items():
         train.add_argument(_flag(name), type=kind, help=f"{text} ({_defaults(name)})")
@@ -185,7 +185,7 @@ def run_train(args: argparse.Namespace) -> int:
         out = args.resume
     else:
         if not args.task:
-            raise InputError("give a TASK (copy, reverse or char-lm) or --resume DIR")
+            raise InputError(f"give a TASK ({', '.join(REFERENCE_RUNS)}) or --resume DIR")
         run, out = _train_new(args, given, stream), args.out
     if out:
         train.save_run(run, out)
@@ -225,25 +225,22 @@ def _train_new(args: argparse.Namespace, given: dict, stream):
     from numpy_engine import train
     from numpy_engine.tasks import read_text
 
-    if args.task != "char-lm":
-        for flag in ("text", "context"):
-            if getattr(args, flag) is not None:
-                raise InputError(f"{_flag(flag)} is for char-lm only")
-    cfg = dataclasses.replace(REFERENCE_RUNS[args.task], **given)
+    reference = REFERENCE_RUNS[args.task]
+    for name in given.keys() - {f.name for f in dataclasses.fields(reference)}:
+        raise InputError(f"{_flag(name)} does not apply to {args.task}")
+    cfg = dataclasses.replace(reference, **given)
     checkpointing = None
     if args.checkpoint_every:
         checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every)
-    if args.task == "char-lm":
-        text = read_text(args.text) if args.text else None
-        return train.train_char_lm(cfg, text, stream, checkpointing)
-    return train.train_sequence_task(cfg, None, stream, checkpointing)
+    text = read_text(args.text) if args.text else None
+    return train.run_task(cfg, text, stream, checkpointing)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from numpy_engine.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(args.checkpoint)
-    if checkpoint.meta.get("task") == "char-lm":
+    if checkpoint.model.continues_prompt:
         return _generate_text(args, checkpoint)
     return _generate_sequence(args, checkpoint.model)
 
@@ -286,8 +283,8 @@ def _generate_text(args: argparse.Namespace, checkpoint) -> int:
 
 def _generate_sequence(args: argparse.Namespace, model) -> int:
     from numpy_engine.generate import greedy_decode
-    from numpy_engine.tasks import EOS, PAD, SYMBOLS
 
+    cfg = model.config
     if args.source is None:
         raise InputError("this is a copy/reverse checkpoint: give --source, not --prompt")
     if any(value is not None for value in (args.temperature, args.top_k, args.top_p)):
@@ -295,16 +292,19 @@ def _generate_sequence(args: argparse.Namespace, model) -> int:
             "--temperature, --top-k and --top-p are for char-lm checkpoints; "
             "copy/reverse decode greedily"
         )
-    outside = [i for i in args.source if i not in SYMBOLS]
+    specials = (cfg.pad_id, cfg.bos_id, cfg.eos_id)
+    symbols = sorted(set(range(cfg.vocab_size)) - set(specials))
+    outside = [i for i in args.source if i not in symbols]
     if outside:
         raise InputError(
-            f"--source ids must be symbols {SYMBOLS[0]}..{SYMBOLS[-1]}, got {outside} "
-            f"(0, 1, 2 are PAD, BOS and EOS; the model adds them itself)"
+            f"--source ids must be symbols {symbols[0]}..{symbols[-1]}, got {outside} "
+            f"({', '.join(map(str, specials))} are PAD, BOS and EOS; the model adds them itself)"
         )
     max_new = args.max_new_tokens or len(args.source) + 1  # the symbols, then EOS
     generated = greedy_decode(model, np.array([args.source]), max_new, not args.no_cache)[0]
-    shown = [int(i) for i in generated if i != PAD]  # greedy_decode pads after EOS
-    shown = shown[: shown.index(EOS) + 1] if EOS in shown else shown
+    shown = [int(i) for i in generated if i != cfg.pad_id]  # greedy_decode pads after EOS
+    if cfg.eos_id in shown:
+        shown = shown[: shown.index(cfg.eos_id) + 1]
     print(" ".join(map(str, shown)))
     return 0
 

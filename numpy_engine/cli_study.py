@@ -6,8 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from numpy_engine.checks import InputError
 from numpy_engine.cli_args import add_checkpoint_argument, add_source_or_prompt, int_in
+from numpy_engine.models import KINDS
 
 MAX_ENTRIES = 64
 
@@ -53,9 +56,9 @@ def add_study_commands(commands) -> None:
     )
     grads.add_argument(
         "--model",
-        choices=["seq2seq", "gpt"],
+        choices=list(KINDS),
         default="seq2seq",
-        help="seq2seq (the copy model) or gpt (MiniGPT) (default: seq2seq)",
+        help="the model kind: seq2seq (the copy model), gpt (MiniGPT), ... (default: seq2seq)",
     )
     grads.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
     grads.add_argument(
@@ -72,27 +75,32 @@ def add_study_commands(commands) -> None:
 def run_attention(args: argparse.Namespace) -> int:
     from numpy_engine.checkpoint import load_checkpoint
     from numpy_engine.plots import plot_attention
-    from numpy_engine.study import gpt_attention, seq2seq_attention
-    from numpy_engine.tasks import CharCorpus
 
     checkpoint = load_checkpoint(args.checkpoint)
-    if checkpoint.meta.get("task") == "char-lm":
-        if args.prompt is None:
-            raise InputError("this is a char-lm checkpoint: give --prompt, not --source")
-        corpus = CharCorpus(checkpoint.meta["vocabulary"])
-        context = checkpoint.model.config.max_len
-        if not 0 < len(args.prompt) <= context:
-            raise InputError(
-                f"--prompt has {len(args.prompt)} characters; this model attends over 1 to "
-                f"{context}, and the picture shows each of them"
-            )
-        panels = gpt_attention(checkpoint.model, corpus.encode(args.prompt), list(args.prompt))
+    model = checkpoint.model
+    if model.continues_prompt:
+        ids, labels = _prompt_ids(args, checkpoint)
     else:
         if args.source is None:
             raise InputError("this is a copy/reverse checkpoint: give --source, not --prompt")
-        panels = seq2seq_attention(checkpoint.model, args.source)
-    print(f"wrote {plot_attention(panels, args.out)}")
+        ids, labels = np.array(args.source), [str(i) for i in args.source]
+    print(f"wrote {plot_attention(model.attention_panels(ids, labels), args.out)}")
     return 0
+
+
+def _prompt_ids(args: argparse.Namespace, checkpoint) -> tuple[np.ndarray, list[str]]:
+    """The prompt's ids in the checkpoint's vocabulary, and its characters as labels."""
+    from numpy_engine.tasks import CharCorpus
+
+    if args.prompt is None:
+        raise InputError("this is a char-lm checkpoint: give --prompt, not --source")
+    context = checkpoint.model.config.max_len
+    if not 0 < len(args.prompt) <= context:
+        raise InputError(
+            f"--prompt has {len(args.prompt)} characters; this model attends over 1 to "
+            f"{context}, and the picture shows each of them"
+        )
+    return CharCorpus(checkpoint.meta["vocabulary"]).encode(args.prompt), list(args.prompt)
 
 
 def run_plot(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
-"""Decoding: greedy for the encoder-decoder; greedy or sampled for MiniGPT.
+"""Decoding: greedy from a source (a model that reads one, as the encoder-decoder); greedy or
+sampled continuation of a prompt (a decoder-only model, as MiniGPT).
 
-By default each step runs only the new position through a KV cache
-(numpy_engine/decoders.py); use_cache=False reruns the whole prefix, the simple path.
+Each model kind gives its step-by-step decoder (model.decoder): by default it runs only
+the new position through a KV cache; use_cache=False reruns the whole prefix, the simple path.
 """
 
 from __future__ import annotations
@@ -10,26 +11,23 @@ import numpy as np
 
 from numpy_engine import checks
 from numpy_engine.checks import InputError, InputTypeError
-from numpy_engine.decoders import (
-    CachedGPTDecoder,
-    CachedSeq2SeqDecoder,
-    FullGPTDecoder,
-    FullSeq2SeqDecoder,
-)
-from numpy_engine.models import MiniGPT, Seq2SeqTransformer
-from numpy_engine.tasks import EOS, PAD
+from numpy_engine.models import Model
 
 
 def greedy_decode(
-    model: Seq2SeqTransformer, source: np.ndarray, max_new_tokens: int = 4, use_cache: bool = True
+    model: Model, source: np.ndarray, max_new_tokens: int = 4, use_cache: bool = True
 ) -> np.ndarray:
-    """(B, max_new_tokens) ids: the argmax at each step, EOS included; after EOS, PAD.
+    """(B, max_new_tokens) ids: the argmax at each step, EOS included; after EOS, PAD
+    (the model config's eos_id and pad_id).
 
     use_cache=False reruns the decoder on the whole prefix each step (the simple path).
     """
+    if model.continues_prompt:
+        raise InputError(f"greedy_decode reads a source; a {model.kind} model continues a prompt")
     _check_count("max_new_tokens", max_new_tokens, minimum=1)
-    source = model.check_source(source)  # ids in the vocabulary, no all-padding row
-    decoder = (CachedSeq2SeqDecoder if use_cache else FullSeq2SeqDecoder)(model, source)
+    decoder = model.decoder(source, use_cache)  # checks the source
+    PAD, EOS = model.config.pad_id, model.config.eos_id
+    source = np.asarray(source)
     generated = np.full((source.shape[0], max_new_tokens), PAD)
     finished = np.zeros(source.shape[0], dtype=bool)
     for t in range(max_new_tokens):
@@ -101,7 +99,7 @@ def sample_next(
 
 
 def generate(
-    model: MiniGPT,
+    model: Model,
     prompt: np.ndarray,
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -111,6 +109,8 @@ def generate(
     use_cache: bool = True,
 ) -> np.ndarray:
     """prompt (B, T0) ids -> (B, T0 + max_new_tokens); the model sees the last max_len ids."""
+    if not model.continues_prompt:
+        raise InputError(f"generate continues a prompt; a {model.kind} model reads a source")
     check_sampling(temperature, top_k, top_p)
     _check_count("max_new_tokens", max_new_tokens, minimum=0)
     ids = checks.as_array("prompt", prompt)
@@ -118,7 +118,7 @@ def generate(
         "prompt", ids[None, :] if ids.ndim == 1 else ids, model.config.vocab_size
     )
     rng = np.random.default_rng(seed)
-    decoder = (CachedGPTDecoder if use_cache else FullGPTDecoder)(model, ids)
+    decoder = model.decoder(ids, use_cache)
     for step in range(max_new_tokens):
         next_ids = sample_next(decoder.next_logits(), rng, temperature, top_k, top_p)  # (B,)
         if step == max_new_tokens - 1:  # the last token needs no logits after it

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine.checks import InputError
+from numpy_engine.keys import with_prefix
 from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
 
 # ----------------------------------------------------------------------------- linear
@@ -33,14 +34,14 @@ def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> tuple
 
 
 def linear_backward(dout: np.ndarray, cache: tuple) -> tuple:
-    """See docs/gradients.md#linear."""
+    """See docs/gradients.md#linear. Returns (dx, {"weight": dweight, "bias": dbias})."""
     x, weight = cache
     dout2 = dout.reshape(-1, dout.shape[-1])  # (N, out)
     x2 = x.reshape(-1, x.shape[-1])  # (N, in)
     dx = (dout2 @ weight).reshape(x.shape)  # forward was x @ W.T, so dx = dout @ W
     dweight = dout2.T @ x2  # (out, in)
     dbias = sum_leading(dout2)  # the bias was broadcast over all N rows
-    return dx, dweight, dbias
+    return dx, {"weight": dweight, "bias": dbias}
 
 
 # -------------------------------------------------------------------------- embedding
@@ -53,8 +54,10 @@ def embedding_forward(ids: np.ndarray, weight: np.ndarray, padding_idx: int | No
     return out, cache
 
 
-def embedding_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
-    """See docs/gradients.md#embedding. Repeated ids accumulate their gradients."""
+def embedding_backward(dout: np.ndarray, cache: tuple) -> tuple:
+    """See docs/gradients.md#embedding. Repeated ids accumulate their gradients.
+
+    Returns (None, {"weight": dweight}): integer ids have no gradient."""
     ids, weight_shape, padding_idx = cache
     flat_ids = ids.reshape(-1)  # (N,)
     dout2 = dout.reshape(-1, weight_shape[1])  # (N, C)
@@ -66,7 +69,7 @@ def embedding_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
     dweight[unique_ids] = np.add.reduceat(dout2[order], run_starts, axis=0)
     if padding_idx is not None:
         dweight[padding_idx] = 0.0  # PyTorch's padding_idx: that row never learns
-    return dweight
+    return None, {"weight": dweight}
 
 
 # -------------------------------------------------------------------------- positions
@@ -107,12 +110,13 @@ def learned_positions_forward(x: np.ndarray, weight: np.ndarray) -> tuple:
 
 
 def learned_positions_backward(dout: np.ndarray, cache: tuple) -> tuple:
-    """See docs/gradients.md#positions. Row t was added to every batch row."""
+    """See docs/gradients.md#positions. Row t was added to every batch row.
+    Returns (dx, {"weight": dweight})."""
     weight_shape = cache
     B, T, C = dout.shape
     dweight = np.zeros(weight_shape, dtype=dout.dtype)
     dweight[:T] = sum_leading(dout.reshape(B, T * C)).reshape(T, C)  # rows past T: unused, zero
-    return dout.copy(), dweight
+    return dout.copy(), {"weight": dweight}
 
 
 # -------------------------------------------------------------------------- layernorm
@@ -138,7 +142,7 @@ def layernorm_forward(
 
 def layernorm_backward(dout: np.ndarray, cache: tuple) -> tuple:
     """See docs/gradients.md#layernorm: three terms, from xhat's direct path, the mean and the
-    variance."""
+    variance. Returns (dx, {"weight": dweight, "bias": dbias})."""
     xhat, rstd, weight = cache
     # forward was out = xhat * weight + bias; weight and bias were shared by every row
     dweight = sum_leading(dout * xhat)
@@ -150,7 +154,7 @@ def layernorm_backward(dout: np.ndarray, cache: tuple) -> tuple:
     dx -= mean_last(dxhat)  # in place from here: dxhat is not needed again
     dx -= xhat * mean_dxhat_xhat
     dx *= rstd
-    return dx, dweight, dbias
+    return dx, {"weight": dweight, "bias": dbias}
 
 
 # ------------------------------------------------------------------------ activations
@@ -243,11 +247,10 @@ def ffn_forward(x: np.ndarray, p: dict[str, np.ndarray], activation: str) -> tup
 def ffn_backward(dout: np.ndarray, cache: FFNCache) -> tuple:
     """See docs/gradients.md#feed-forward. Returns (dx, grads keyed like p)."""
     _, act_backward = ACTIVATIONS[cache.activation]
-    da, dw2, db2 = linear_backward(dout, cache.fc2)  # forward was out = fc2(a)
+    da, fc2_grads = linear_backward(dout, cache.fc2)  # forward was out = fc2(a)
     dh = act_backward(da, cache.act)  # forward was a = act(h)
-    dx, dw1, db1 = linear_backward(dh, cache.fc1)  # forward was h = fc1(x)
-    grads = {"fc1.weight": dw1, "fc1.bias": db1, "fc2.weight": dw2, "fc2.bias": db2}
-    return dx, grads
+    dx, fc1_grads = linear_backward(dh, cache.fc1)  # forward was h = fc1(x)
+    return dx, with_prefix(fc1_grads, "fc1.") | with_prefix(fc2_grads, "fc2.")
 
 
 # ---------------------------------------------------------------------- cross-entropy

@@ -1,8 +1,18 @@
 """Optimizers with PyTorch's exact update rules, and global-norm gradient clipping.
 
-An optimizer updates a params dict in place from a grads dict with the same keys.
-Its state (step count, moments) is a flat dict of arrays: inspectable, and saved
-with the checkpoint by `state_dict()` / restored by `load_state_dict()`.
+Both work on flat vectors: a model keeps all its parameters in one vector, model.flat,
+with model.params its named views, and model.flat_grads(grads) lays the gradients out the
+same way. A step is then a handful of whole-vector operations, whatever the number of
+tensors:
+
+    optimizer = AdamW(model.params, lr=3e-3)    # the params fix the state's layout and names
+    loss, grads = model.loss_and_grads(*batch)
+    flat_grads = model.flat_grads(grads)
+    clip_grad_norm(flat_grads, max_norm=1.0)    # scales flat_grads in place
+    optimizer.step(model.flat, flat_grads)      # updates model.flat, so model.params, in place
+
+The state (step count, moments) is saved per parameter by `state_dict()` and restored by
+`load_state_dict()`, keyed "<moment>.<param key>".
 """
 
 from __future__ import annotations
@@ -11,54 +21,27 @@ import math
 
 import numpy as np
 
-from numpy_engine.checks import InputError
+from numpy_engine.checks import InputError, InputTypeError
+from numpy_engine.params import unflatten
 
 
-def flatten(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """All arrays, raveled and concatenated in key order: one call instead of one per tensor."""
-    return np.concatenate(list(arrays.values()), axis=None)  # axis=None ravels each
+def clip_grad_norm(flat_grads: np.ndarray, max_norm: float) -> float:
+    """Scale the gradient vector in place so its L2 norm is at most max_norm; returns the
+    norm before clipping.
 
-
-def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Views into flat shaped like each array of `like`, in key order."""
-    out, offset = {}, 0
-    for key, a in like.items():
-        out[key] = flat[offset : offset + a.size].reshape(a.shape)
-        offset += a.size
-    return out
-
-
-def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> tuple[dict, float]:
-    """Scale all gradients together so their global L2 norm is at most max_norm.
-
-    As torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied only
-    when below 1. Returns (clipped grads, the total norm before clipping); the input
-    is not modified. The norm is summed in float64 over one flat copy of all gradients.
+    As torch.nn.utils.clip_grad_norm_ over all parameters: coef = max_norm / (norm + 1e-6),
+    applied only when below 1. The norm is summed in float64.
     """
-    flat = flatten(grads)
-    total_norm, clipped = clip_flat(flat, max_norm)
-    return (unflatten(flat, grads) if clipped else dict(grads)), total_norm
-
-
-def clip_flat(flat: np.ndarray, max_norm: float) -> tuple[float, bool]:
-    """clip_grad_norm on one flat gradient vector, scaled in place: (norm before, clipped?)."""
-    flat64 = flat if flat.dtype == np.float64 else flat.astype(np.float64)
+    flat64 = flat_grads if flat_grads.dtype == np.float64 else flat_grads.astype(np.float64)
     total_norm = math.sqrt(float(np.dot(flat64, flat64)))
     coef = max_norm / (total_norm + 1e-6)
-    if coef >= 1.0:
-        return total_norm, False
-    flat *= flat.dtype.type(coef)
-    return total_norm, True
+    if coef < 1.0:
+        flat_grads *= flat_grads.dtype.type(coef)
+    return total_norm
 
 
 class Optimizer:
-    """What SGD, Adam and AdamW share: the step counter, state, and one flat update per step.
-
-    Every step concatenates the gradients into one vector and updates all parameters
-    with a handful of whole-vector operations. When the params are views into one flat
-    buffer (as the engine's models allocate them), that buffer is updated in place;
-    otherwise the update is written back tensor by tensor.
-    """
+    """What SGD, Adam and AdamW share: the step counter, the flat state, its named views."""
 
     state_names: tuple[str, ...] = ()
 
@@ -67,34 +50,25 @@ class Optimizer:
             raise InputError(f"lr must be positive, got {lr}")
         self.lr = lr
         self.step_count = 0
-        self.keys = list(params)
-        total = sum(p.size for p in params.values())
-        dtype = next(iter(params.values())).dtype
-        self.flat_state = {name: np.zeros(total, dtype=dtype) for name in self.state_names}
+        self.size = sum(p.size for p in params.values())
+        self.dtype = next(iter(params.values())).dtype
+        self.flat_state = {name: np.zeros(self.size, self.dtype) for name in self.state_names}
         self.state = {name: unflatten(flat, params) for name, flat in self.flat_state.items()}
-        self._views = dict(params)  # the arrays seen at construction
-        self._buffer = _shared_buffer(params)
 
     def step(
-        self,
-        params: dict[str, np.ndarray],
-        grads: dict[str, np.ndarray],
-        max_grad_norm: float | None = None,
+        self, flat_params: np.ndarray, flat_grads: np.ndarray, max_grad_norm: float | None = None
     ) -> float | None:
-        """Update params in place from grads. With max_grad_norm, first clip the gradients as
-        clip_grad_norm does (on the flat copy this step makes anyway) and return their norm
-        before clipping; grads itself is never modified."""
-        if list(grads) != self.keys or list(params) != self.keys:
-            raise InputError("params and grads must have exactly the optimizer's keys, in order")
+        """Update flat_params in place from flat_grads. With max_grad_norm, first clip
+        flat_grads (in place) as clip_grad_norm does and return their norm before clipping."""
+        for name, flat in (("flat_params", flat_params), ("flat_grads", flat_grads)):
+            if not isinstance(flat, np.ndarray) or flat.shape != (self.size,):
+                got = getattr(flat, "shape", type(flat).__name__)
+                raise InputError(f"{name} must be a vector of {self.size} entries, got {got}")
+            if flat.dtype != self.dtype:
+                raise InputTypeError(f"{name} must have dtype {self.dtype}, got {flat.dtype}")
         self.step_count += 1
-        in_place = self._buffer is not None and all(params[k] is self._views[k] for k in self.keys)
-        flat_params = self._buffer if in_place else flatten(params)
-        flat_grads = flatten(grads)
-        norm = None if max_grad_norm is None else clip_flat(flat_grads, max_grad_norm)[0]
+        norm = None if max_grad_norm is None else clip_grad_norm(flat_grads, max_grad_norm)
         self._update(flat_params, flat_grads)
-        if not in_place:
-            for key, value in unflatten(flat_params, params).items():
-                params[key][...] = value
         return norm
 
     def _update(self, param: np.ndarray, grad: np.ndarray) -> None:
@@ -124,23 +98,6 @@ class Optimizer:
                     )
                 value[...] = saved  # into the flat state's view
         self.step_count = int(flat["step"])
-
-
-def _shared_buffer(params: dict[str, np.ndarray]) -> np.ndarray | None:
-    """The flat array that all params are consecutive views of, in key order, if there is one."""
-    first = next(iter(params.values()))
-    base = first.base
-    if base is None or base.ndim != 1 or base.size != sum(p.size for p in params.values()):
-        return None
-    offset = 0
-    for p in params.values():
-        if p.base is not base or not p.flags.c_contiguous:
-            return None
-        start = p.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        if start != offset * base.itemsize:
-            return None
-        offset += p.size
-    return base
 
 
 class SGD(Optimizer):

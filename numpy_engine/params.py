@@ -1,4 +1,5 @@
-"""Parameter initialisation helpers, and the one flat buffer a model's params live in.
+"""Parameter initialisation helpers, and flatten/unflatten: a model's params are named views
+of one flat vector (models/base.py), which the optimizer updates whole (optim.py).
 
 Each helper returns a dict keyed like the PyTorch submodule it mirrors
 (weight/bias, q_proj.weight, ln1.bias, ...); the models prefix and merge them.
@@ -11,8 +12,8 @@ from typing import Callable
 import numpy as np
 
 from numpy_engine import checks
-from numpy_engine.blocks import with_prefix
 from numpy_engine.checks import InputError, InputTypeError
+from numpy_engine.keys import with_prefix
 
 Init = Callable[[tuple[int, ...]], np.ndarray]
 
@@ -57,12 +58,15 @@ def decoder_block_params(init: Init, C: int, F: int) -> dict:
     }
 
 
-def in_one_buffer(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
-    """The params as consecutive views of one flat array, so an optimizer can update them
-    all with a few whole-array operations (numpy_engine/optim.py)."""
-    flat = np.concatenate([value.reshape(-1) for value in params.values()]).astype(dtype)
+def flatten(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """All arrays raveled and concatenated in key order: one vector (a new array)."""
+    return np.concatenate(list(arrays.values()), axis=None)  # axis=None ravels each
+
+
+def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Views into flat, shaped like each array of `like`, in key order: flatten's inverse."""
     views, offset = {}, 0
-    for key, value in params.items():
+    for key, value in like.items():
         views[key] = flat[offset : offset + value.size].reshape(value.shape)
         offset += value.size
     return views

@@ -1,36 +1,18 @@
-"""What the `grads` and `attention` commands show: gradient norms next to their finite-difference
-estimates, and the attention weights of every layer and head for one example."""
+"""What the `grads` command shows: gradient norms next to their finite-difference estimates."""
 
 from __future__ import annotations
 
 import numpy as np
 
-import numpy_engine as ne
-from numpy_engine.checks import InputError
-from numpy_engine.generate import greedy_decode
 from numpy_engine.gradcheck import check_gradient, sample_indices
-from numpy_engine.tasks import BOS, EOS, PAD
+from numpy_engine.models import model_class
 
 
 def example_batch(kind: str, seed: int) -> tuple:
     """The default model of that kind in float64, and one padded batch, all from seed."""
-    rng = np.random.default_rng(seed)
-    if kind == "seq2seq":
-        model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(dtype="float64"), seed=seed)
-        lengths = np.array([3, 2, 1, 3])
-        tokens = rng.integers(4, 12, size=(4, 3)) * (np.arange(3) < lengths[:, None])  # (B, 3)
-        decoder_input = np.concatenate([np.full((4, 1), BOS), tokens], axis=1)  # BOS + tokens
-        target = np.concatenate([tokens, np.full((4, 1), PAD)], axis=1)
-        target[np.arange(4), lengths] = EOS  # EOS after the last token, then padding
-        return model, (tokens, decoder_input, target)
-    if kind != "gpt":
-        raise InputError(f"model must be 'seq2seq' or 'gpt', got {kind!r}")
-    model = ne.MiniGPT(ne.GPTConfig(dtype="float64"), seed=seed)
-    idx = rng.integers(0, 13, size=(4, 32))
-    targets = np.roll(idx, -1, axis=1)
-    targets[:, -1] = -100
-    targets[1, 20:] = -100  # a padded row
-    return model, (idx, targets)
+    model_type = model_class(kind)
+    model = model_type(model_type.config_class(dtype="float64"), seed=seed)
+    return model, model_type.example_batch(model.config, np.random.default_rng(seed), 4)
 
 
 def gradient_study(kind: str, seed: int, entries: int = 4) -> tuple[float, list[dict]]:
@@ -56,34 +38,3 @@ def gradient_study(kind: str, seed: int, entries: int = 4) -> tuple[float, list[
             }
         )
     return loss, rows
-
-
-def seq2seq_attention(model: ne.Seq2SeqTransformer, source: list[int]) -> list[tuple]:
-    """Panels for plots.plot_attention: encoder self, decoder self and cross, per layer."""
-    src = np.array([source])
-    generated = greedy_decode(model, src, max_new_tokens=len(source) + 1)[0]
-    out_tokens = [int(t) for t in generated if t != PAD]
-    decoder_input = np.array([[BOS, *out_tokens[:-1]]]) if out_tokens else np.array([[BOS]])
-    _, cache = model.forward(src, decoder_input)
-    src_labels = [str(t) for t in source]
-    dec_labels = ["BOS", *[str(t) for t in decoder_input[0, 1:]]]
-    panels = []
-    for i, block in enumerate(cache.encoder.blocks):
-        panels.append(
-            (f"encoder {i} self", block.attn.attention.weights[0], src_labels, src_labels)
-        )
-    for i, block in enumerate(cache.decoder.blocks):
-        weights = block.self_attn.attention.weights[0]
-        panels.append((f"decoder {i} self", weights, dec_labels, dec_labels))
-        weights = block.cross_attn.attention.weights[0]
-        panels.append((f"decoder {i} cross", weights, src_labels, dec_labels))
-    return panels
-
-
-def gpt_attention(model: ne.MiniGPT, ids: np.ndarray, labels: list[str]) -> list[tuple]:
-    _, cache = model.forward(ids[None, -model.config.max_len :])
-    labels = labels[-model.config.max_len :]
-    return [
-        (f"layer {i}", block.attn.attention.weights[0], labels, labels)
-        for i, block in enumerate(cache.blocks)
-    ]

@@ -24,8 +24,8 @@ from numpy_engine.checks import InputError
 from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.memory import check_fits
-from numpy_engine.models import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
-from numpy_engine.optim import Adam, AdamW, Optimizer
+from numpy_engine.models import Model, Seq2SeqConfig, Seq2SeqTransformer, model_class
+from numpy_engine.optim import Optimizer
 from numpy_engine.tasks import DEFAULT_TEXT, EOS, PAD, CharCorpus, Split, sequence_task
 
 
@@ -33,7 +33,7 @@ from numpy_engine.tasks import DEFAULT_TEXT, EOS, PAD, CharCorpus, Split, sequen
 class TrainState:
     """Everything the loop reads and writes; a checkpoint saves all of it."""
 
-    model: Seq2SeqTransformer | MiniGPT
+    model: Model
     optimizer: Optimizer
     sampler: np.random.Generator
     step: int = 0
@@ -42,7 +42,7 @@ class TrainState:
 
 @dataclass
 class TrainRun:
-    model: Seq2SeqTransformer | MiniGPT
+    model: Model
     optimizer: Optimizer
     result: dict  # the final JSON summary
     history: dict = field(default_factory=dict)  # loss per step, evaluations
@@ -149,7 +149,8 @@ def _loop(
             raise TrainingDiverged(
                 f"{error}; the checkpoint of step {last_saved} is intact"
             ) from None
-        grad_norm = state.optimizer.step(state.model.params, grads, max_grad_norm=cfg.clip)
+        flat_grads = state.model.flat_grads(grads)
+        grad_norm = state.optimizer.step(state.model.flat, flat_grads, max_grad_norm=cfg.clip)
         state.step = step
         history["step"].append(step)
         history["train_loss"].append(loss)
@@ -169,15 +170,12 @@ def _loop(
     }
 
 
-def check_step_fits(
-    what: str, cfg, layers: int, tokens: int, attention_cells: int, logit_rows: int
-) -> None:
-    """Refuse, up front, a step whose activations cannot fit in memory. A generous estimate:
-    per layer and token ~16 d_model + 4 d_ff cached values and gradients, 3 per attention
-    score (scores, weights, their gradient), 4 per logit (logits, log-probs, gradient, a copy)."""
-    per_token = 16 * cfg.d_model + 4 * cfg.d_ff
-    values = layers * (tokens * per_token + 3 * attention_cells) + 4 * logit_rows * cfg.vocab_size
-    check_fits(f"{what} ({tokens:,} tokens a step)", values * np.dtype(cfg.dtype).itemsize)
+def check_step_fits(what: str, kind: type[Model], config, batch_size: int, length: int) -> None:
+    """Refuse, up front, a step whose activations cannot fit in memory (the kind's generous
+    estimate, Model.step_values)."""
+    values = kind.step_values(config, batch_size, length)
+    tokens = f"{batch_size * length:,} tokens a step"
+    check_fits(f"{what} ({tokens})", values * np.dtype(config.dtype).itemsize)
 
 
 FINAL_LOSS_STEPS = 10
@@ -227,16 +225,15 @@ def train_sequence_task(
     _check_run_config(cfg)
     task = sequence_task(cfg.task, seed=cfg.seed)
     model_cfg = state.model.config if state else model_config or Seq2SeqConfig()
-    S, T = task.train.source.shape[1], task.train.target.shape[1]
-    layers = model_cfg.n_encoder_layers + model_cfg.n_decoder_layers
-    cells = cfg.batch_size * model_cfg.n_heads * (S + T) ** 2  # self- and cross-attention
-    what = f"batch_size={cfg.batch_size}"
-    check_step_fits(what, model_cfg, layers, cfg.batch_size * (S + T), cells, cfg.batch_size * T)
+    S = task.train.source.shape[1]
+    check_step_fits(
+        f"batch_size={cfg.batch_size}", Seq2SeqTransformer, model_cfg, cfg.batch_size, S
+    )
     if state is None:
         model = Seq2SeqTransformer(model_cfg, seed=cfg.seed)
         history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
         sampler = np.random.default_rng([cfg.seed, 1])
-        state = TrainState(model, Adam(model.params, lr=cfg.lr), sampler, 0, history)
+        state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
 
     def next_batch(sampler):
         return task.train.take(sampler.integers(0, len(task.train), size=cfg.batch_size))
@@ -287,32 +284,36 @@ def train_char_lm(
     checkpointing: Checkpointing | None = None,
     state: TrainState | None = None,
 ) -> TrainRun:
-    """Train (or continue training) MiniGPT on a character corpus."""
+    """Train (or continue training) a model that continues a prompt (cfg.model, MiniGPT by
+    default) on a character corpus."""
     _check_run_config(cfg)
+    kind = model_class(cfg.model)
+    if not kind.continues_prompt:
+        raise InputError(f"a {cfg.model} model reads a source: it cannot learn to continue text")
     text = DEFAULT_TEXT if text is None else text
     corpus = CharCorpus(text)
-    config = state.model.config if state else GPTConfig(corpus.vocab_size, max_len=cfg.context)
-    tokens = cfg.batch_size * cfg.context
+    config = (
+        state.model.config if state else kind.config_class(corpus.vocab_size, max_len=cfg.context)
+    )
     what = f"batch_size={cfg.batch_size} with context={cfg.context}"
-    cells = tokens * config.n_heads * cfg.context
-    check_step_fits(what, config, config.n_layers, tokens, cells, tokens)
+    check_step_fits(what, kind, config, cfg.batch_size, cfg.context)
     if state is None:
-        model = MiniGPT(config, seed=cfg.seed)
-        optimizer = AdamW(model.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        model = kind(config, seed=cfg.seed)
         history = {"step": [], "train_loss": [], "grad_norm": []}
-        state = TrainState(model, optimizer, np.random.default_rng([cfg.seed, 1]), 0, history)
+        sampler = np.random.default_rng([cfg.seed, 1])
+        state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
 
     def next_batch(sampler):
         return corpus.batch(sampler, cfg.batch_size, cfg.context)
 
     def meta(state):
-        return _meta("char-lm", cfg, state, vocabulary="".join(corpus.chars), text=text)
+        return _meta(cfg.task, cfg, state, vocabulary="".join(corpus.chars), text=text)
 
     timing = _loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta)
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
     sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
     result = {
-        "task": "char-lm",
+        "task": cfg.task,
         "seed": cfg.seed,
         "steps": cfg.steps,
         "corpus_characters": len(corpus.ids),
@@ -355,8 +356,7 @@ def resume(
         raise InputError(
             f"checkpoint in {out_dir} cannot be resumed: its meta lacks {sorted(missing)}"
         )
-    char_lm = meta["task"] == "char-lm"
-    cfg = (CharTrainConfig if char_lm else SequenceTrainConfig)(**meta["train_config"])
+    cfg = _train_config(out_dir, meta)
     cfg = replace(cfg, steps=steps or cfg.steps)
     if meta["step"] >= cfg.steps:
         raise InputError(
@@ -367,12 +367,33 @@ def resume(
     sampler.bit_generator.state = meta["sampler_state"]
     model = checkpoint.model
     checkpointing = Checkpointing(Path(out_dir), checkpoint_every) if checkpoint_every else None
-    if char_lm:
-        optimizer = AdamW(model.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    else:
-        optimizer = Adam(model.params, lr=cfg.lr)
+    optimizer = cfg.optimizer(model.params)
     optimizer.load_state_dict(checkpoint.optimizer_state)
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
-    if char_lm:
-        return train_char_lm(cfg, meta["text"], progress_stream, checkpointing, state)
+    return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state)
+
+
+def _train_config(out_dir, meta: dict):
+    """The run's config: the class of its task's reference run, with the saved settings."""
+    if meta["task"] not in REFERENCE_RUNS:
+        raise InputError(
+            f"checkpoint in {out_dir} is of task {meta['task']!r}, which is not known here "
+            f"(known: {', '.join(REFERENCE_RUNS)})"
+        )
+    return type(REFERENCE_RUNS[meta["task"]])(**meta["train_config"])
+
+
+def run_task(
+    cfg: SequenceTrainConfig | CharTrainConfig,
+    text: str | None = None,
+    progress_stream: TextIO | None = sys.stderr,
+    checkpointing: Checkpointing | None = None,
+    state: TrainState | None = None,
+) -> TrainRun:
+    """Train (or continue) the run cfg describes: a sequence task, or a language model on
+    text (DEFAULT_TEXT when None)."""
+    if isinstance(cfg, CharTrainConfig):
+        return train_char_lm(cfg, text, progress_stream, checkpointing, state)
+    if text is not None:
+        raise InputError(f"--text is for language-model tasks (char-lm), not {cfg.task}")
     return train_sequence_task(cfg, None, progress_stream, checkpointing, state)

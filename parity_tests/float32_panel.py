@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 import numpy_engine as ne
-from numpy_engine.models import GPT_IGNORE_INDEX
+from numpy_engine.models import IGNORE_INDEX
 from parity_tests import layer_cases as cases
 from parity_tests.helpers import LayerCase, layer_float32_checks
 from parity_tests.strategies import padded_ids, randomize_params
@@ -154,7 +154,7 @@ def model_case(model_kind: str, seed: int) -> tuple:
         config = ne.GPTConfig(V, H * hs, H, r(1, 8), r(1, 2), T + r(0, 3), act, dtype="float64")
         model = ne.MiniGPT(config, seed=seed)
         targets = rng.integers(0, V, size=(B, T))
-        targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = GPT_IGNORE_INDEX
+        targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = IGNORE_INDEX
         batch = (rng.integers(0, V, size=(B, T)), targets)
     randomize_params(model, rng)
     return model, batch

@@ -17,6 +17,7 @@ import torch_reference.modules as TM
 from numpy_engine import attention as A
 from numpy_engine import blocks
 from numpy_engine import layers as L
+from numpy_engine import params as P
 from parity_tests.helpers import LayerCase, params_of, random_visible
 
 
@@ -24,49 +25,31 @@ def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.standard_normal(shape)
 
 
-def linear_params(rng, out_features, in_features, prefix=""):
-    return {
-        f"{prefix}weight": normal(rng, out_features, in_features) / np.sqrt(in_features),
-        f"{prefix}bias": normal(rng, out_features),
-    }
+def randomized(params: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
+    """params.py's keys and shapes, every value random and scaled as in training: weight
+    matrices N(0, 1/fan_in); 1-D weights (layernorm gains) 1 + 0.3 N(0, 1), not exactly 1;
+    biases N(0, 1), not 0, so a forward or backward that drops one shows."""
+    out = {}
+    for key, value in params.items():
+        if value.ndim == 2:  # (out, in)
+            out[key] = normal(rng, *value.shape) / np.sqrt(value.shape[1])
+        elif key.endswith("weight"):
+            out[key] = 1 + 0.3 * normal(rng, *value.shape)
+        else:
+            out[key] = normal(rng, *value.shape)
+    return out
 
 
-def layernorm_params(rng, C, prefix):
-    return {f"{prefix}.weight": 1 + 0.3 * normal(rng, C), f"{prefix}.bias": normal(rng, C)}
+def gradients(backward, *input_names: str):
+    """A backward under the layer contract, (input grads..., grads dict), as one dict: each
+    input's gradient by name, then the parameters' (integer ids' None is dropped)."""
 
+    def run(dout, cache):
+        *input_grads, param_grads = backward(dout, cache)
+        named_inputs = zip(input_names, input_grads, strict=True)
+        return {name: g for name, g in named_inputs if g is not None} | param_grads
 
-def attention_params(rng, C, prefix=""):
-    params = {}
-    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        params.update(linear_params(rng, C, C, f"{prefix}{proj}."))
-    return params
-
-
-def ffn_params(rng, C, F_, prefix=""):
-    return {
-        **linear_params(rng, F_, C, f"{prefix}fc1."),
-        **linear_params(rng, C, F_, f"{prefix}fc2."),
-    }
-
-
-def self_block_params(rng, C, F_):
-    return {
-        **layernorm_params(rng, C, "ln1"),
-        **attention_params(rng, C, "attn."),
-        **layernorm_params(rng, C, "ln2"),
-        **ffn_params(rng, C, F_, "ffn."),
-    }
-
-
-def decoder_block_params(rng, C, F_):
-    return {
-        **layernorm_params(rng, C, "ln1"),
-        **attention_params(rng, C, "self_attn."),
-        **layernorm_params(rng, C, "ln2"),
-        **attention_params(rng, C, "cross_attn."),
-        **layernorm_params(rng, C, "ln3"),
-        **ffn_params(rng, C, F_, "ffn."),
-    }
+    return run
 
 
 def as_torch(visible: np.ndarray | None) -> torch.Tensor | None:
@@ -81,12 +64,15 @@ def named(names: tuple[str, ...], grads: tuple) -> dict:
 
 
 def linear(rng, B, T, c_in, c_out) -> LayerCase:
-    inputs = {"x": normal(rng, B, T, c_in), **linear_params(rng, c_out, c_in)}
+    inputs = {
+        "x": normal(rng, B, T, c_in),
+        **randomized(P.linear_params(np.zeros, c_out, c_in), rng),
+    }
     return LayerCase(
         "linear",
         inputs,
         lambda i: L.linear_forward(i["x"], i["weight"], i["bias"]),
-        lambda dout, cache: named(("x", "weight", "bias"), L.linear_backward(dout, cache)),
+        gradients(L.linear_backward, "x"),
         lambda t: F.linear(t["x"], t["weight"], t["bias"]),
     )
 
@@ -98,7 +84,7 @@ def embedding(rng, ids, C) -> LayerCase:
         "embedding",
         {"weight": normal(rng, V, C)},
         lambda i: L.embedding_forward(ids, i["weight"], padding_idx=0),
-        lambda dout, cache: {"weight": L.embedding_backward(dout, cache)},
+        gradients(L.embedding_backward, "ids"),
         lambda t: F.embedding(torch.tensor(ids), t["weight"], padding_idx=0),
     )
 
@@ -118,20 +104,20 @@ def learned_positions(rng, B, T, extra, C) -> LayerCase:
         "learned positions",
         {"x": normal(rng, B, T, C), "weight": normal(rng, T + extra, C)},
         lambda i: L.learned_positions_forward(i["x"], i["weight"]),
-        lambda dout, cache: named(("x", "weight"), L.learned_positions_backward(dout, cache)),
+        gradients(L.learned_positions_backward, "x"),
         lambda t: t["x"] + t["weight"][:T],
     )
 
 
 def layernorm(rng, B, T, C, mean=1.0) -> LayerCase:
     """x = 3 N(0, 1) + mean: a large mean is where E[x^2] - E[x]^2 would lose the variance."""
-    inputs = {"x": 3 * normal(rng, B, T, C) + mean, **layernorm_params(rng, C, "ln")}
+    inputs = {"x": 3 * normal(rng, B, T, C) + mean, **randomized(P.layernorm_params(C), rng)}
     return LayerCase(
         "layernorm",
         inputs,
-        lambda i: L.layernorm_forward(i["x"], i["ln.weight"], i["ln.bias"]),
-        lambda dout, cache: named(("x", "ln.weight", "ln.bias"), L.layernorm_backward(dout, cache)),
-        lambda t: F.layer_norm(t["x"], (C,), t["ln.weight"], t["ln.bias"], eps=1e-5),
+        lambda i: L.layernorm_forward(i["x"], i["weight"], i["bias"]),
+        gradients(L.layernorm_backward, "x"),
+        lambda t: F.layer_norm(t["x"], (C,), t["weight"], t["bias"], eps=1e-5),
     )
 
 
@@ -151,18 +137,14 @@ def activation(rng, kind, B, T, C, mean=0.0) -> LayerCase:
 
 
 def feed_forward(rng, kind, B, T, C, F_) -> LayerCase:
-    def backward(dout, cache):
-        dx, grads = L.ffn_backward(dout, cache)
-        return {"x": dx, **grads}
-
     def torch_forward(t):
         return functional_call(TM.FeedForward(C, F_, kind), params_of(t, "x"), (t["x"],))
 
     return LayerCase(
         f"ffn ({kind})",
-        {"x": normal(rng, B, T, C), **ffn_params(rng, C, F_)},
+        {"x": normal(rng, B, T, C), **randomized(P.ffn_params(np.zeros, C, F_), rng)},
         lambda i: L.ffn_forward(i["x"], params_of(i, "x"), kind),
-        backward,
+        gradients(L.ffn_backward, "x"),
         torch_forward,
     )
 
@@ -226,19 +208,15 @@ def attention(rng, B, H, Tq, Tk, hs, kind, offset=0.0) -> LayerCase:
 def self_attention(rng, B, H, T, hs, causal) -> LayerCase:
     visible = random_visible(rng, (B, H, T, T), "causal" if causal else "padding")
 
-    def backward(dout, cache):
-        dx, grads = A.self_attention_backward(dout, cache)
-        return {"x": dx, **grads}
-
     def torch_forward(t):
         module = TM.MultiHeadAttention(H * hs, H)
         return functional_call(module, params_of(t, "x"), (t["x"], t["x"], as_torch(visible)))
 
     return LayerCase(
         "causal self-attention" if causal else "self-attention",
-        {"x": normal(rng, B, T, H * hs), **attention_params(rng, H * hs)},
+        {"x": normal(rng, B, T, H * hs), **randomized(P.attention_params(np.zeros, H * hs), rng)},
         lambda i: A.self_attention_forward(i["x"], params_of(i, "x"), H, visible),
-        backward,
+        gradients(A.self_attention_backward, "x"),
         torch_forward,
     )
 
@@ -252,16 +230,22 @@ def cross_attention(rng, B, H, T, S, hs) -> LayerCase:
             i["x"], i["memory"], params_of(i, "x", "memory"), H, visible
         )
 
-    def backward(dout, cache):
-        dx, dmemory, grads = A.cross_attention_backward(dout, cache)
-        return {"x": dx, "memory": dmemory, **grads}
-
     def torch_forward(t):
         args = (t["x"], t["memory"], as_torch(visible))
         return functional_call(TM.MultiHeadAttention(C, H), params_of(t, "x", "memory"), args)
 
-    inputs = {"x": normal(rng, B, T, C), "memory": normal(rng, B, S, C), **attention_params(rng, C)}
-    return LayerCase("cross-attention", inputs, forward, backward, torch_forward)
+    inputs = {
+        "x": normal(rng, B, T, C),
+        "memory": normal(rng, B, S, C),
+        **randomized(P.attention_params(np.zeros, C), rng),
+    }
+    return LayerCase(
+        "cross-attention",
+        inputs,
+        forward,
+        gradients(A.cross_attention_backward, "x", "memory"),
+        torch_forward,
+    )
 
 
 # ------------------------------------------------------------------------------ blocks
@@ -274,17 +258,15 @@ def self_attention_block(rng, B, H, hs, T, F_, kind, causal) -> LayerCase:
     def forward(i):
         return blocks.self_attention_block_forward(i["x"], params_of(i, "x"), H, visible, kind)
 
-    def backward(dout, cache):
-        dx, grads = blocks.self_attention_block_backward(dout, cache)
-        return {"x": dx, **grads}
-
     def torch_forward(t):
         module = TM.SelfAttentionBlock(C, H, F_, kind)
         return functional_call(module, params_of(t, "x"), (t["x"], as_torch(visible)))
 
     name = "decoder-only block" if causal else "encoder block"
-    inputs = {"x": normal(rng, B, T, C), **self_block_params(rng, C, F_)}
-    return LayerCase(name, inputs, forward, backward, torch_forward)
+    inputs = {"x": normal(rng, B, T, C), **randomized(P.self_block_params(np.zeros, C, F_), rng)}
+    return LayerCase(
+        name, inputs, forward, gradients(blocks.self_attention_block_backward, "x"), torch_forward
+    )
 
 
 def decoder_block(rng, B, H, hs, T, S, F_, kind) -> LayerCase:
@@ -298,10 +280,6 @@ def decoder_block(rng, B, H, hs, T, S, F_, kind) -> LayerCase:
             i["y"], i["memory"], p, H, self_visible, memory_visible, kind
         )
 
-    def backward(dout, cache):
-        dy, dmemory, grads = blocks.decoder_block_backward(dout, cache)
-        return {"y": dy, "memory": dmemory, **grads}
-
     def torch_forward(t):
         module = TM.DecoderBlock(C, H, F_, kind)
         args = (t["y"], t["memory"], as_torch(self_visible), as_torch(memory_visible))
@@ -310,6 +288,12 @@ def decoder_block(rng, B, H, hs, T, S, F_, kind) -> LayerCase:
     inputs = {
         "y": normal(rng, B, T, C),
         "memory": normal(rng, B, S, C),
-        **decoder_block_params(rng, C, F_),
+        **randomized(P.decoder_block_params(np.zeros, C, F_), rng),
     }
-    return LayerCase("decoder block", inputs, forward, backward, torch_forward)
+    return LayerCase(
+        "decoder block",
+        inputs,
+        forward,
+        gradients(blocks.decoder_block_backward, "y", "memory"),
+        torch_forward,
+    )

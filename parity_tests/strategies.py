@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import numpy_engine as ne
-from numpy_engine.models import GPT_IGNORE_INDEX
+from numpy_engine.models import IGNORE_INDEX
 
 seeds = st.integers(0, 2**32 - 1)
 activations = st.sampled_from(["relu", "gelu"])
@@ -113,7 +113,7 @@ def gpt_cases(draw, dtype: str = "float64") -> GPTCase:
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, config.vocab_size, size=(B, T))
     targets = rng.integers(0, config.vocab_size, size=(B, T))
-    targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = GPT_IGNORE_INDEX
+    targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = IGNORE_INDEX
     return GPTCase(config, idx, targets, seed)
 
 

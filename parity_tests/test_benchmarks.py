@@ -53,7 +53,7 @@ def test_matmul_floor_lists_every_flop_of_the_step(name):
     """The floor's products add up to exactly the FLOPs the benchmark reports per step."""
     workload = CONFIGS[name]
     config = GPTConfig(**workload.model)
-    products = gpt_step_matmuls(config, workload.batch_size, workload.context)
+    products = gpt_step_matmuls(config, workload.batch_size, workload.length)
     flops = sum(2 * math.prod(left) * right[-1] for left, right in products)
     assert flops == flops_per_step(workload, MiniGPT(config))
 

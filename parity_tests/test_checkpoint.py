@@ -19,7 +19,7 @@ def saved(tmp_path):
     model = ne.MiniGPT(ne.GPTConfig(n_layers=2, max_len=16), seed=3)
     optimizer = AdamW(model.params, lr=0.01)
     idx = np.random.default_rng(0).integers(0, 13, (2, 16))
-    optimizer.step(model.params, model.loss_and_grads(idx, np.roll(idx, -1, 1))[1])
+    optimizer.step(model.flat, model.flat_grads(model.loss_and_grads(idx, np.roll(idx, -1, 1))[1]))
     path = save_checkpoint(tmp_path, model, optimizer.state_dict(), {"task": "char-lm", "step": 1})
     return path, model, optimizer
 

@@ -128,7 +128,10 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path, copy_dir):
         (["train", "char-lm", "--text", str(tmp_path / "empty.txt")], "is empty"),
         (["train", "char-lm", "--text", str(tmp_path / "none.txt")], "cannot read it"),
         (["generate", "--checkpoint", str(copy_dir[0]), "--prompt", "to"], "give --source"),
-        (["generate", "--checkpoint", str(copy_dir[0]), "--source", "4", "12"], "symbols 4..11"),
+        (
+            ["generate", "--checkpoint", str(copy_dir[0]), "--source", "4", "12"],
+            "--source ids must be symbols 3..11, got [12]",
+        ),
     ]
     for args, message in cases:
         result = run_cli(*args)

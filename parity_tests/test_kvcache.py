@@ -13,12 +13,6 @@ from hypothesis import strategies as st
 
 import numpy_engine as ne
 from crosscheck.compare import compare
-from numpy_engine.decoders import (
-    CachedGPTDecoder,
-    CachedSeq2SeqDecoder,
-    FullGPTDecoder,
-    FullSeq2SeqDecoder,
-)
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record
 from parity_tests.strategies import gpt_cases, randomize_params, seeds, seq2seq_cases
@@ -37,8 +31,8 @@ def test_seq2seq_cached_steps_match_the_full_prefix(case, steps, seed):
     model = ne.Seq2SeqTransformer(case.config, seed=case.seed)
     rng = np.random.default_rng(seed)
     randomize_params(model, rng)
-    full = FullSeq2SeqDecoder(model, case.source)
-    cached = CachedSeq2SeqDecoder(model, case.source)
+    full = model.decoder(case.source, use_cache=False)
+    cached = model.decoder(case.source, use_cache=True)
     finished = np.zeros(len(case.source), dtype=bool)
     for _ in range(steps):
         assert_same_logits("Seq2SeqTransformer", cached.next_logits(), full.next_logits())
@@ -55,7 +49,7 @@ def test_gpt_cached_steps_match_the_full_window(case, steps, seed):
     model = ne.MiniGPT(case.config, seed=case.seed)
     rng = np.random.default_rng(seed)
     randomize_params(model, rng)
-    full, cached = FullGPTDecoder(model, case.idx), CachedGPTDecoder(model, case.idx)
+    full, cached = model.decoder(case.idx, use_cache=False), model.decoder(case.idx)
     for _ in range(steps):  # often past max_len, so the window slides
         assert_same_logits("MiniGPT", cached.next_logits(), full.next_logits())
         next_ids = rng.integers(0, case.config.vocab_size, len(case.idx))
@@ -93,7 +87,7 @@ def test_sampled_tokens_are_the_same_with_and_without_the_cache(case, kwargs):
 def test_the_cache_really_skips_recomputation():
     """A cached step feeds one position: its keys grow by one per step."""
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1, max_len=16, dtype="float64"), seed=0)
-    decoder = CachedGPTDecoder(model, np.array([[1, 2, 3]]))
+    decoder = model.decoder(np.array([[1, 2, 3]]))
     for expected_length in (4, 5, 6):
         decoder.append(np.array([4]))
         assert decoder.kv[0].k.shape[2] == expected_length

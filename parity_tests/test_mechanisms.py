@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 
 import numpy_engine as ne
-import numpy_engine.models
+import numpy_engine.models.minigpt
+import numpy_engine.models.seq2seq
 from numpy_engine import attention as A
 from parity_tests.strategies import gpt_cases, randomize_params, seq2seq_cases
 
@@ -188,12 +189,13 @@ def test_a_decoder_input_starting_with_padding_is_rejected():
 
 @pytest.fixture
 def without_causal_mask(monkeypatch):
-    monkeypatch.setattr(numpy_engine.models, "causal_visible", _all_visible_causal)
+    for kind in (numpy_engine.models.seq2seq, numpy_engine.models.minigpt):
+        monkeypatch.setattr(kind, "causal_visible", _all_visible_causal)
 
 
 @pytest.fixture
 def without_padding_mask(monkeypatch):
-    monkeypatch.setattr(numpy_engine.models, "padding_visible", _all_visible_padding)
+    monkeypatch.setattr(numpy_engine.models.seq2seq, "padding_visible", _all_visible_padding)
 
 
 def _all_visible_causal(T):

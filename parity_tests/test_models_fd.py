@@ -13,7 +13,7 @@ from hypothesis import example, given
 import numpy_engine as ne
 from numpy_engine.gradcheck import check_directions, rounding_noise
 from numpy_engine.layers import FFNCache, cross_entropy_forward
-from numpy_engine.models import GPT_IGNORE_INDEX
+from numpy_engine.models import IGNORE_INDEX
 from parity_tests.helpers import FD_TOLERANCE, record
 from parity_tests.strategies import (
     SMALLEST_GPT,
@@ -112,7 +112,7 @@ def test_gpt_loss_gradients(case):
 
     def probe():
         logits, cache = model.forward(case.idx)
-        loss, _ = cross_entropy_forward(logits, case.targets, GPT_IGNORE_INDEX)
+        loss, _ = cross_entropy_forward(logits, case.targets, IGNORE_INDEX)
         return float(loss), relu_region(cache)
 
     assert_loss_gradients_match_fd("MiniGPT loss", model, probe, grads, rng)

@@ -1,18 +1,24 @@
 """Optimizers and clipping against torch.optim and torch.nn.utils.clip_grad_norm_, float64.
 
 Ten steps from the same parameters and the same gradient sequence; parameters and
-every moment must agree within 1e-12 relative (normwise per tensor).
+every moment must agree within 1e-12 relative (normwise per tensor). The engine's side
+works as a model does: named views of one flat vector, stepped with one flat gradient.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from crosscheck.compare import compare
+from numpy_engine.checks import InputError
 from numpy_engine.optim import SGD, Adam, AdamW, clip_grad_norm
+from numpy_engine.params import flatten, unflatten
 from parity_tests.strategies import seeds
 
 SHAPES = {"w": (3, 4), "b": (4,), "e": (5, 2)}
@@ -28,10 +34,16 @@ def assert_close(name: str, ours: np.ndarray, ref: torch.Tensor) -> None:
     assert c.diff_norm <= RTOL * c.ref_norm, c.describe()
 
 
+def random_params(rng: np.random.Generator) -> tuple[np.ndarray, dict]:
+    """(flat vector, named views of it) with SHAPES, as a model holds its parameters."""
+    flat = flatten({key: rng.standard_normal(shape) for key, shape in SHAPES.items()})
+    return flat, unflatten(flat, {key: np.empty(shape) for key, shape in SHAPES.items()})
+
+
 def run_both(engine_optimizer, torch_optimizer, seed: int, grad_scale=1.0, clip=None):
     """Ten steps of both on the same random gradients; returns what to compare."""
     rng = np.random.default_rng(seed)
-    params = {key: rng.standard_normal(shape) for key, shape in SHAPES.items()}
+    flat, params = random_params(rng)
     tensors = {key: torch.tensor(value, requires_grad=True) for key, value in params.items()}
     ours, theirs = engine_optimizer(params), torch_optimizer(list(tensors.values()))
     clipped_steps = 0
@@ -39,12 +51,13 @@ def run_both(engine_optimizer, torch_optimizer, seed: int, grad_scale=1.0, clip=
         grads = {key: grad_scale * rng.standard_normal(shape) for key, shape in SHAPES.items()}
         for key, tensor in tensors.items():
             tensor.grad = torch.tensor(grads[key])
+        flat_grads = flatten(grads)
         if clip is not None:
-            grads, norm = clip_grad_norm(grads, clip)
+            norm = clip_grad_norm(flat_grads, clip)
             torch_norm = float(torch.nn.utils.clip_grad_norm_(list(tensors.values()), clip))
             assert abs(norm - torch_norm) <= RTOL * torch_norm
             clipped_steps += norm > clip
-        ours.step(params, grads)
+        ours.step(flat, flat_grads)
         theirs.step()
     return params, tensors, ours, theirs, clipped_steps
 
@@ -115,67 +128,66 @@ def test_adam_with_clipping_matches_torch_and_actually_clips(lr, max_norm, seed)
 
 
 def test_clipping_leaves_small_gradients_alone_and_returns_the_norm():
-    grads = {"a": np.array([3.0, 0.0]), "b": np.array([[0.0, 4.0]])}  # global norm 5
-    same, norm = clip_grad_norm(grads, max_norm=10.0)
-    assert norm == 5.0 and all(same[k] is grads[k] for k in grads)
-    clipped, norm = clip_grad_norm(grads, max_norm=1.0)
-    assert norm == 5.0
-    np.testing.assert_allclose(clipped["a"], [3.0 / (5.0 + 1e-6), 0.0], rtol=1e-15)
-    np.testing.assert_array_equal(grads["a"], [3.0, 0.0])  # the input is not modified
+    grads = np.array([3.0, 0.0, 0.0, 4.0])  # norm 5
+    assert clip_grad_norm(grads, max_norm=10.0) == 5.0
+    np.testing.assert_array_equal(grads, [3.0, 0.0, 0.0, 4.0])  # untouched
+    assert clip_grad_norm(grads, max_norm=1.0) == 5.0
+    np.testing.assert_allclose(grads, np.array([3.0, 0, 0, 4.0]) / (5.0 + 1e-6), rtol=1e-15)
 
 
 def test_state_dict_round_trip_continues_identically():
     rng = np.random.default_rng(0)
-    params = {"w": rng.standard_normal((2, 3))}
-    twin = {"w": params["w"].copy()}
-    first, second = AdamW(params, lr=0.01), AdamW(twin, lr=0.01)
+    flat, params = random_params(rng)
+    twin_flat = flat.copy()
+    first = AdamW(params, lr=0.01)
+    second = AdamW(unflatten(twin_flat, params), lr=0.01)
     for step in range(6):
-        grads = {"w": rng.standard_normal((2, 3))}
+        grads = rng.standard_normal(flat.size)
         if step == 3:
             second.load_state_dict(first.state_dict())
-            twin["w"][...] = params["w"]
-        first.step(params, grads)
+            twin_flat[...] = flat
+        first.step(flat, grads.copy())
         if step >= 3:
-            second.step(twin, grads)
-    np.testing.assert_array_equal(params["w"], twin["w"])
+            second.step(twin_flat, grads.copy())
+    np.testing.assert_array_equal(flat, twin_flat)
     assert second.step_count == 6
 
 
-def test_the_flat_in_place_path_equals_the_tensor_by_tensor_path():
+def test_a_model_step_updates_its_params_through_the_flat_vector():
+    """model.params are views of model.flat: stepping the vector moves every named tensor,
+    exactly as the same step on a separate copy of the vector."""
     import numpy_engine as ne
-    from numpy_engine.optim import _shared_buffer
 
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1, dtype="float64"), seed=0)
-    assert _shared_buffer(model.params) is not None  # the model allocates one buffer
-    separate = {key: value.copy() for key, value in model.params.items()}
-    assert _shared_buffer(separate) is None
-    flat_opt, separate_opt = AdamW(model.params, lr=0.01), AdamW(separate, lr=0.01)
+    copy, initial = model.flat.copy(), model.flat.copy()
+    model_opt, copy_opt = AdamW(model.params, lr=0.01), AdamW(model.params, lr=0.01)
     rng = np.random.default_rng(0)
     for _ in range(3):
-        grads = {key: rng.standard_normal(value.shape) for key, value in separate.items()}
-        flat_opt.step(model.params, grads)
-        separate_opt.step(separate, grads)
-    for key, value in separate.items():
+        grads = {key: rng.standard_normal(value.shape) for key, value in model.params.items()}
+        flat_grads = model.flat_grads(grads)
+        np.testing.assert_array_equal(unflatten(flat_grads, grads)["head.bias"], grads["head.bias"])
+        model_opt.step(model.flat, flat_grads.copy())
+        copy_opt.step(copy, flat_grads)
+    assert not np.array_equal(model.flat, initial)  # it moved
+    for key, value in unflatten(copy, model.params).items():
         np.testing.assert_array_equal(model.params[key], value)
-    assert _shared_buffer(model.params) is not None  # still views after the updates
+        assert np.shares_memory(model.params[key], model.flat)
 
 
 def test_step_with_max_grad_norm_equals_clip_then_step():
     """The training loop clips inside the optimizer step: bit-identical to the two calls."""
     rng = np.random.default_rng(0)
-    fused = {key: rng.standard_normal(shape) for key, shape in SHAPES.items()}
-    separate = {key: value.copy() for key, value in fused.items()}
-    fused_opt, separate_opt = Adam(fused, lr=0.01), Adam(separate, lr=0.01)
+    fused, params = random_params(rng)
+    separate = fused.copy()
+    fused_opt, separate_opt = Adam(params, lr=0.01), Adam(params, lr=0.01)
     for scale in (5.0, 0.01, 5.0):  # clipped, not clipped, clipped
-        grads = {key: scale * rng.standard_normal(shape) for key, shape in SHAPES.items()}
-        before = {key: value.copy() for key, value in grads.items()}
+        grads = scale * rng.standard_normal(fused.size)
+        clipped = grads.copy()
         norm = fused_opt.step(fused, grads, max_grad_norm=1.0)
-        clipped, expected_norm = clip_grad_norm(grads, 1.0)
+        expected_norm = clip_grad_norm(clipped, 1.0)
         separate_opt.step(separate, clipped)
         assert norm == expected_norm
-        for key in SHAPES:
-            np.testing.assert_array_equal(fused[key], separate[key])
-            np.testing.assert_array_equal(grads[key], before[key])  # grads are not modified
+        np.testing.assert_array_equal(fused, separate)
     assert fused_opt.step(fused, grads) is None  # no max_grad_norm: no norm computed
 
 
@@ -183,30 +195,27 @@ def test_clipping_float32_gradients_sums_their_squares_in_float64():
     """A float32 sum of squares loses digits over many entries and overflows past ~1.8e19:
     the global norm must be the float64 one, and an entry of 1e20 must not zero the rest."""
     rng = np.random.default_rng(0)
-    grads = {"w": rng.standard_normal(1_000_000).astype(np.float32)}
-    exact = float(np.linalg.norm(grads["w"].astype(np.float64)))
-    _, norm = clip_grad_norm(grads, max_norm=1.0)
+    grads = rng.standard_normal(1_000_000).astype(np.float32)
+    exact = float(np.linalg.norm(grads.astype(np.float64)))
+    norm = clip_grad_norm(grads, max_norm=1.0)
     assert abs(norm - exact) <= 1e-12 * exact, f"norm {norm!r} vs float64 {exact!r}"
-    huge = {"w": np.array([1e20, 3.0], dtype=np.float32)}
-    clipped, norm = clip_grad_norm(huge, max_norm=1.0)
+    huge = np.array([1e20, 3.0], dtype=np.float32)
+    norm = clip_grad_norm(huge, max_norm=1.0)
     assert abs(norm - 1e20) <= 1e-6 * 1e20
-    assert np.isfinite(clipped["w"]).all() and clipped["w"][0] > 0.99
-    assert clipped["w"][1] > 0, "the small entry was zeroed: the norm overflowed to inf"
+    assert np.isfinite(huge).all() and huge[0] > 0.99
+    assert huge[1] > 0, "the small entry was zeroed: the norm overflowed to inf"
 
 
-def test_step_on_copies_updates_the_copies_and_leaves_the_model_alone():
-    """An optimizer built on the model's params, stepped with copies of them, must update the
-    copies it is given, not the model's own buffer."""
-    import numpy_engine as ne
-
-    model = ne.MiniGPT(ne.GPTConfig(n_layers=1, dtype="float64"), seed=0)
-    originals = {key: value.copy() for key, value in model.params.items()}
-    copies = {key: value.copy() for key, value in model.params.items()}
-    optimizer, reference = AdamW(model.params, lr=0.01), AdamW(originals, lr=0.01)
-    expected = {key: value.copy() for key, value in originals.items()}
-    grads = {key: np.ones_like(value) for key, value in model.params.items()}
-    optimizer.step(copies, grads)
-    reference.step(expected, grads)
-    for key in copies:
-        np.testing.assert_array_equal(copies[key], expected[key])
-        np.testing.assert_array_equal(model.params[key], originals[key])
+@pytest.mark.parametrize(
+    ("flat", "grads", "words"),
+    [
+        (np.zeros(26), np.zeros(25), "flat_grads must be a vector of 26 entries, got (25,)"),
+        (np.zeros((2, 13)), np.zeros(26), "flat_params must be a vector of 26 entries"),
+        (np.zeros(26), np.zeros(26, np.float32), "flat_grads must have dtype float64"),
+    ],
+)
+def test_step_refuses_vectors_that_do_not_fit_the_layout(flat, grads, words):
+    optimizer = Adam(random_params(np.random.default_rng(0))[1], lr=0.01)
+    with pytest.raises(InputError, match=re.escape(words)):
+        optimizer.step(flat, grads)
+    assert optimizer.step_count == 0

@@ -27,8 +27,9 @@ def train_both(model, optimizer, torch_optimizer_class, lr, batches, clip=1.0):
     losses = []
     for batch in batches:
         loss, grads = model.loss_and_grads(*batch)
-        grads, _ = clip_grad_norm(grads, clip)
-        optimizer.step(model.params, grads)
+        flat_grads = model.flat_grads(grads)
+        clip_grad_norm(flat_grads, clip)
+        optimizer.step(model.flat, flat_grads)
         torch_optimizer.zero_grad()
         torch_loss = module.loss(*(tensor(x) for x in batch))
         torch_loss.backward()

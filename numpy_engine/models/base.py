@@ -1,0 +1,212 @@
+"""The model contract, and the registry of model kinds.
+
+A model kind is one module (seq2seq.py, minigpt.py): a frozen config class carrying the
+special token ids, and a Model subclass decorated with @register. The class says
+everything the rest of the engine needs to know; checkpoints, the command line, the
+benchmark and the PyTorch converter look the kind up here by its name, or ask the model.
+
+Shape legend: B batch, T positions, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import numpy as np
+
+from numpy_engine import checks
+from numpy_engine.checks import InputError
+from numpy_engine.layers import (
+    ACTIVATIONS,
+    cross_entropy_backward,
+    cross_entropy_forward,
+    layernorm_forward,
+    linear_forward,
+)
+from numpy_engine.params import check_params, flatten, unflatten
+
+DTYPES = ("float32", "float64")
+IGNORE_INDEX = -100  # PyTorch's default ignore_index: a target that counts for nothing
+
+
+def check_sizes(config: object, names: tuple[str, ...]) -> None:
+    """What every transformer config checks: positive sizes, heads dividing d_model, known
+    activation and dtype."""
+    for name in names:
+        checks.check_positive_int(name, getattr(config, name))
+    if config.d_model % config.n_heads != 0:
+        raise InputError(f"d_model={config.d_model} must be divisible by n_heads={config.n_heads}")
+    checks.check_choice("activation", config.activation, tuple(ACTIVATIONS))
+    checks.check_choice("dtype", config.dtype, DTYPES)
+
+
+class Decoder(Protocol):
+    """Incremental decoding state: the logits for the next token, and feeding the chosen ids."""
+
+    def next_logits(self) -> np.ndarray: ...  # (B, V)
+
+    def append(self, next_ids: np.ndarray) -> None: ...  # (B,)
+
+
+class Model:
+    """What every model kind provides. Subclasses set the class attributes and implement the
+    methods that raise NotImplementedError; the rest is shared."""
+
+    kind: str  # the registered name, saved in checkpoints
+    config_class: type  # a frozen dataclass with vocab_size and dtype
+    torch_twin: str  # the torch_reference.models class with the same state_dict
+    continues_prompt: bool  # True: generate() continues ids; False: greedy_decode() a source
+
+    def __init__(self, config, seed: int = 0) -> None:
+        self.config = config
+        initial = self._init_params(config, np.random.default_rng(seed))
+        self.flat = flatten(initial).astype(config.dtype)  # every parameter, one vector
+        self.params = unflatten(self.flat, initial)  # named views of it, keyed like state_dict
+        self._keys_under: dict[str, list[str]] = {}  # see _under
+
+    # ------------------------------------------------------------ what a kind implements
+
+    @staticmethod
+    def _init_params(config, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def forward(self, *inputs: np.ndarray) -> tuple:
+        """(logits (B, T, V), cache for backward)."""
+        raise NotImplementedError
+
+    def _backward(self, dlogits: np.ndarray, cache) -> dict[str, np.ndarray]:
+        """Gradients keyed (and ordered) like self.params."""
+        raise NotImplementedError
+
+    def _targets(self, targets: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, int]:
+        """The checked targets (B, T), and the id they ignore."""
+        raise NotImplementedError
+
+    # loss_and_grads(*inputs, targets) and loss(*inputs, targets), with the forward's input
+    # names: each kind spells them out and calls _loss_and_grads / _loss.
+
+    def decoder(self, inputs: np.ndarray, use_cache: bool = True) -> Decoder:
+        """Step-by-step decoding from a source (B, S) or a prompt (B, T0)."""
+        raise NotImplementedError
+
+    def attention_panels(self, ids: np.ndarray, labels: list[str]) -> list[tuple]:
+        """(title, weights (H, Tq, Tk), key labels, query labels) per attention layer, for one
+        example's ids (T,): what `numpy-engine attention` draws."""
+        raise NotImplementedError
+
+    @staticmethod
+    def example_batch(
+        config, rng: np.random.Generator, batch_size: int, length: int | None = None
+    ) -> tuple:
+        """A padded batch for loss_and_grads, with `length` positions (a seq2seq model's
+        source length; None: the kind's default): the `grads` and `parity` commands, the
+        benchmark and tests use it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def forward_flops(config, batch_size: int, length: int) -> float:
+        """Matmul FLOPs of one forward over example_batch(config, _, batch_size, length)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def step_values(config, batch_size: int, length: int) -> int:
+        """A generous count of the values one training step holds (activations, their
+        gradients, logits), checked against free memory before training starts."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared by all
+
+    def backward(self, dlogits: np.ndarray, cache) -> dict[str, np.ndarray]:
+        """Gradients of every parameter, keyed like self.params. See docs/gradients.md#models."""
+        dlogits = checks.check_upstream_gradient(
+            "dlogits", dlogits, cache.logits_shape, self.flat.dtype
+        )
+        return self._backward(dlogits, cache)
+
+    def _loss_and_grads(self, inputs: tuple, targets: np.ndarray) -> tuple[float, dict]:
+        """Mean cross-entropy over the targets that count, and its gradient for every
+        parameter."""
+        logits, cache = self.forward(*inputs)
+        targets, ignore_index = self._targets(targets, logits)
+        loss, ce_cache = cross_entropy_forward(logits, targets, ignore_index)
+        dlogits = cross_entropy_backward(1.0, ce_cache)
+        return float(loss), self._backward(dlogits, cache)  # a NaN loss flows on, for the caller
+
+    def _loss(self, inputs: tuple, targets: np.ndarray) -> float:
+        logits, _ = self.forward(*inputs)
+        targets, ignore_index = self._targets(targets, logits)
+        return float(cross_entropy_forward(logits, targets, ignore_index)[0])
+
+    def flat_grads(self, grads: dict[str, np.ndarray]) -> np.ndarray:
+        """grads as one vector laid out like self.flat, for the optimizer (a new array)."""
+        if list(grads) != list(self.params):
+            raise InputError("grads must have exactly the model's parameter keys, in order")
+        return flatten(grads)
+
+    def load_params(self, params: dict[str, np.ndarray]) -> None:
+        """Copy params (which must match keys, shapes and dtypes) into this model's weights."""
+        for key, value in check_params(params, self.params).items():
+            self.params[key][...] = value  # into self.flat
+
+    def with_dtype(self, dtype: str):
+        """A copy of this model with its config and weights cast to dtype ("float32"/"float64")."""
+        checks.check_choice("dtype", dtype, DTYPES)
+        twin = type(self)(dataclasses.replace(self.config, dtype=dtype))
+        twin.load_params({key: value.astype(dtype) for key, value in self.params.items()})
+        return twin
+
+    def num_parameters(self) -> int:
+        return self.flat.size
+
+    def _under(self, prefix: str) -> dict[str, np.ndarray]:
+        """keys.sub(self.params, prefix), with the matching keys looked up once per prefix: a
+        scan of every key per block and step costs small models ~2% of a step."""
+        if prefix not in self._keys_under:
+            self._keys_under[prefix] = [key for key in self.params if key.startswith(prefix)]
+        return {key[len(prefix) :]: self.params[key] for key in self._keys_under[prefix]}
+
+
+# ------------------------------------------------------------------------- registry
+
+KINDS: dict[str, type[Model]] = {}
+
+
+def register(model_class: type[Model]) -> type[Model]:
+    """Class decorator: make model_class the kind named model_class.kind."""
+    if model_class.kind in KINDS and KINDS[model_class.kind] is not model_class:
+        raise ValueError(f"model kind {model_class.kind!r} is already registered")
+    KINDS[model_class.kind] = model_class
+    return model_class
+
+
+def model_class(kind: str) -> type[Model]:
+    """The registered model class of that kind, or an InputError naming the known kinds."""
+    if kind not in KINDS:
+        raise InputError(f"unknown model kind {kind!r}; known: {', '.join(KINDS)}")
+    return KINDS[kind]
+
+
+# ------------------------------------------------------------------ decoding helpers
+
+
+def readout_last(x: np.ndarray, p: dict, norm: str, head: str) -> np.ndarray:
+    """The final layernorm and the output projection, on the last position: logits (B, V)."""
+    x, _ = layernorm_forward(x[:, -1:], p[f"{norm}.weight"], p[f"{norm}.bias"])
+    logits, _ = linear_forward(x, p[f"{head}.weight"], p[f"{head}.bias"])
+    return logits[:, 0]
+
+
+class RerunDecoder:
+    """The simple path for a model that continues a prompt: every step reruns the model on the
+    last config.max_len ids."""
+
+    def __init__(self, model: Model, prompt: np.ndarray) -> None:
+        self.model, self.ids = model, prompt  # (B, T0)
+
+    def next_logits(self) -> np.ndarray:
+        logits, _ = self.model.forward(self.ids[:, -self.model.config.max_len :])
+        return logits[:, -1]  # (B, V)
+
+    def append(self, next_ids: np.ndarray) -> None:
+        self.ids = np.concatenate([self.ids, next_ids[:, None]], axis=1)

@@ -1,0 +1,220 @@
+"""MiniGPT, the decoder-only character model: config, model, and its KV-cached decoder.
+
+Shape legend: B batch, T positions, C = d_model, V vocabulary, L tokens decoded so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from numpy_engine import checks
+from numpy_engine.attention import causal_visible, keys_values
+from numpy_engine.blocks import self_attention_block_backward, self_attention_block_forward
+from numpy_engine.checks import InputError
+from numpy_engine.keys import with_prefix
+from numpy_engine.layers import (
+    embedding_backward,
+    embedding_forward,
+    layernorm_backward,
+    layernorm_forward,
+    learned_positions_backward,
+    learned_positions_forward,
+    linear_backward,
+    linear_forward,
+)
+from numpy_engine.models.base import (
+    IGNORE_INDEX,
+    Model,
+    RerunDecoder,
+    check_sizes,
+    readout_last,
+    register,
+)
+from numpy_engine.params import layernorm_params, linear_params, self_block_params
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 13
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int = 256
+    n_layers: int = 3
+    max_len: int = 32
+    activation: str = "gelu"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
+
+
+class GPTCache(NamedTuple):
+    tok_embed: tuple
+    pos_embed: tuple
+    blocks: list
+    final_norm: tuple
+    head: tuple
+    logits_shape: tuple
+
+
+@register
+class MiniGPT(Model):
+    """Decoder-only character model: token + learned position embeddings, causal blocks."""
+
+    kind = "gpt"
+    config_class = GPTConfig
+    torch_twin = "MiniGPT"
+    continues_prompt = True
+
+    @staticmethod
+    def _init_params(cfg: GPTConfig, rng: np.random.Generator) -> dict:
+        """N(0, 0.02) for embeddings and weight matrices, as GPT-2; zero biases."""
+
+        def init(shape):
+            return rng.normal(0.0, 0.02, shape)
+
+        C, F = cfg.d_model, cfg.d_ff
+        params = {
+            "tok_embed.weight": init((cfg.vocab_size, C)),
+            "pos_embed.weight": init((cfg.max_len, C)),
+        }
+        for i in range(cfg.n_layers):
+            params.update(with_prefix(self_block_params(init, C, F), f"blocks.{i}."))
+        params.update(with_prefix(layernorm_params(C), "final_norm."))
+        params.update(with_prefix(linear_params(init, cfg.vocab_size, C), "head."))
+        return params
+
+    def forward(self, idx: np.ndarray) -> tuple:
+        """Logits (B, T, V) for idx (B, T) int ids, T <= max_len."""
+        cfg, p = self.config, self.params
+        idx = checks.check_token_ids("idx", idx, cfg.vocab_size)
+        if idx.shape[1] > cfg.max_len:
+            raise InputError(f"idx has {idx.shape[1]} positions but max_len is {cfg.max_len}")
+        visible = causal_visible(idx.shape[1])  # (1, 1, T, T)
+
+        x, tok_embed = embedding_forward(idx, p["tok_embed.weight"])  # (B, T, C)
+        x, pos_embed = learned_positions_forward(x, p["pos_embed.weight"])
+        blocks = []
+        for i in range(cfg.n_layers):
+            block_p = self._under(f"blocks.{i}.")
+            x, block = self_attention_block_forward(
+                x, block_p, cfg.n_heads, visible, cfg.activation
+            )
+            blocks.append(block)
+        x, final_norm = layernorm_forward(x, p["final_norm.weight"], p["final_norm.bias"])
+        logits, head = linear_forward(x, p["head.weight"], p["head.bias"])  # (B, T, V)
+        return logits, GPTCache(tok_embed, pos_embed, blocks, final_norm, head, logits.shape)
+
+    def _backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
+        dx, head_grads = linear_backward(dlogits, cache.head)
+        dx, norm_grads = layernorm_backward(dx, cache.final_norm)
+        grads = with_prefix(head_grads, "head.") | with_prefix(norm_grads, "final_norm.")
+        for i in reversed(range(len(cache.blocks))):
+            dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
+            grads |= with_prefix(block_grads, f"blocks.{i}.")
+        dx, pos_grads = learned_positions_backward(dx, cache.pos_embed)
+        _, tok_grads = embedding_backward(dx, cache.tok_embed)
+        grads |= with_prefix(pos_grads, "pos_embed.") | with_prefix(tok_grads, "tok_embed.")
+        return {key: grads[key] for key in self.params}
+
+    def loss_and_grads(
+        self, idx: np.ndarray, targets: np.ndarray
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """Mean next-token cross-entropy (targets of -100 are ignored) and its gradients."""
+        return self._loss_and_grads((idx,), targets)
+
+    def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
+        return self._loss((idx,), targets)
+
+    def _targets(self, targets: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, int]:
+        vocab = self.config.vocab_size
+        targets = checks.check_targets(
+            "targets", targets, logits.shape[:2], vocab, IGNORE_INDEX, like="idx"
+        )
+        return targets, IGNORE_INDEX
+
+    # ------------------------------------------------------------- decoding, study
+
+    def decoder(self, prompt: np.ndarray, use_cache: bool = True):
+        return (CachedGPTDecoder if use_cache else RerunDecoder)(self, prompt)
+
+    def attention_panels(self, ids: np.ndarray, labels: list[str]) -> list[tuple]:
+        """Each layer's causal self-attention over the last max_len ids."""
+        _, cache = self.forward(np.asarray(ids)[None, -self.config.max_len :])
+        labels = labels[-self.config.max_len :]
+        return [
+            (f"layer {i}", block.attn.attention.weights[0], labels, labels)
+            for i, block in enumerate(cache.blocks)
+        ]
+
+    @staticmethod
+    def example_batch(cfg: GPTConfig, rng, batch_size: int, length: int | None = None):
+        """Random ids (B, T) and their next-token targets (default T: max_len); the last row's
+        second half is ignored, as a padded row's would be."""
+        length = cfg.max_len if length is None else length
+        idx = rng.integers(0, cfg.vocab_size, size=(batch_size, length))
+        targets = np.roll(idx, -1, axis=1)
+        targets[:, -1] = IGNORE_INDEX  # no next token
+        if batch_size > 1:
+            targets[-1, length // 2 :] = IGNORE_INDEX
+        return idx, targets
+
+    @staticmethod
+    def forward_flops(cfg: GPTConfig, batch_size: int, length: int) -> float:
+        C, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+        N, T = batch_size * length, length
+        per_block = 2 * N * (4 * C * C + 2 * C * F) + 2 * 2 * N * T * C  # proj, FFN, attention
+        return cfg.n_layers * per_block + 2 * N * C * V
+
+    @staticmethod
+    def step_values(cfg: GPTConfig, batch_size: int, length: int) -> int:
+        """As Seq2SeqTransformer.step_values, for n_layers causal blocks."""
+        tokens = batch_size * length
+        cells = tokens * cfg.n_heads * length
+        per_token = 16 * cfg.d_model + 4 * cfg.d_ff
+        return cfg.n_layers * (tokens * per_token + 3 * cells) + 4 * tokens * cfg.vocab_size
+
+
+class CachedGPTDecoder:
+    """Keeps each block's keys and values; a step runs one position through the model.
+
+    Learned positions are absolute, so once the ids outgrow max_len the window slides,
+    every position shifts, and the cache is rebuilt from the new window.
+    """
+
+    def __init__(self, model: MiniGPT, prompt: np.ndarray) -> None:
+        self.model, self.ids = model, prompt
+        self._prefill(prompt[:, -model.config.max_len :])
+
+    def next_logits(self) -> np.ndarray:
+        return self._logits
+
+    def append(self, next_ids: np.ndarray) -> None:
+        self.ids = np.concatenate([self.ids, next_ids[:, None]], axis=1)
+        if self.length == self.model.config.max_len:  # the window slides: positions shift
+            self._prefill(self.ids[:, -self.model.config.max_len :])
+        else:
+            self._logits = self._run(next_ids[:, None])
+
+    def _prefill(self, window: np.ndarray) -> None:
+        self.kv = [None] * self.model.config.n_layers  # per block: keys and values so far
+        self.length = 0
+        self._logits = self._run(window)
+
+    def _run(self, new_ids: np.ndarray) -> np.ndarray:
+        """Feed new_ids (B, n) at positions length .. length + n - 1; logits of the last."""
+        cfg, p = self.model.config, self.model.params
+        start, n = self.length, new_ids.shape[1]
+        x = p["tok_embed.weight"][new_ids] + p["pos_embed.weight"][start : start + n]  # (B, n, C)
+        # query i (position start + i) sees keys 0 .. start + i
+        visible = (np.arange(start + n)[None, :] <= start + np.arange(n)[:, None])[None, None]
+        for i, past in enumerate(self.kv):
+            x, block = self_attention_block_forward(
+                x, self.model._under(f"blocks.{i}."), cfg.n_heads, visible, cfg.activation, past
+            )
+            self.kv[i] = keys_values(block.attn)
+        self.length = start + n
+        return readout_last(x, p, "final_norm", "head")
