@@ -27,8 +27,8 @@ from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor
 from benchmarks.workloads import WORKLOADS as CONFIGS
 from benchmarks.workloads import Workload, engine_step, peak_rss_mb
 from crosscheck.convert import tensor, torch_model_for
-from numpy_engine.models import GPTConfig
 from numpy_engine.memory import keep_freed_memory
+from numpy_engine.models import GPTConfig
 
 
 def build(cfg: Workload, n_batches: int):
