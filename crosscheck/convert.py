@@ -23,6 +23,8 @@ TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 def torch_model_for(engine_model: Model) -> nn.Module:
     """The torch_reference twin of an engine model (the class the model names as its
     torch_twin): same config, dtype and weights."""
+    if engine_model.torch_twin is None:
+        raise InputError(f"a {engine_model.kind} model has no PyTorch twin in torch_reference")
     twin = getattr(torch_models, engine_model.torch_twin)
     config = dataclasses.asdict(engine_model.config)
     dtype = TORCH_DTYPES[config.pop("dtype")]

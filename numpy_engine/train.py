@@ -1,4 +1,5 @@
-"""Training loops, evaluation, checkpoints along the way, and exact resume.
+"""The training tasks (copy / reverse, a language model on text), saving a run, and exact
+resume; the loop they share is in loop.py.
 
 One seed drives a run: the data split and the model's initial weights come from it,
 and the batch sampler draws from its own stream, default_rng([seed, 1]). A checkpoint
@@ -10,12 +11,10 @@ never stopped.
 from __future__ import annotations
 
 import json
-import math
 import sys
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 import numpy as np
 
@@ -23,179 +22,31 @@ from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
 from numpy_engine.generate import generate, greedy_decode
-from numpy_engine.memory import check_fits
-from numpy_engine.models import Model, Seq2SeqConfig, Seq2SeqTransformer, model_class
-from numpy_engine.optim import Optimizer
+from numpy_engine.loop import (
+    Checkpointing,
+    TrainingDiverged,
+    TrainRun,
+    TrainState,
+    check_run_config,
+    check_step_fits,
+    final_train_loss,
+    run_loop,
+    run_meta,
+)
+from numpy_engine.models import Seq2SeqConfig, Seq2SeqTransformer, model_class
 from numpy_engine.tasks import DEFAULT_TEXT, EOS, PAD, CharCorpus, Split, sequence_task
 
-
-@dataclass
-class TrainState:
-    """Everything the loop reads and writes; a checkpoint saves all of it."""
-
-    model: Model
-    optimizer: Optimizer
-    sampler: np.random.Generator
-    step: int = 0
-    history: dict = field(default_factory=dict)
-
-
-@dataclass
-class TrainRun:
-    model: Model
-    optimizer: Optimizer
-    result: dict  # the final JSON summary
-    history: dict = field(default_factory=dict)  # loss per step, evaluations
-    meta: dict = field(default_factory=dict)  # what a checkpoint needs to be used again
-
-
-@dataclass(frozen=True)
-class Checkpointing:
-    out: Path
-    every: int  # steps between checkpoints
-
-
-class TrainingDiverged(RuntimeError):
-    """A non-finite loss or gradient: training stops before the update that would spread it."""
-
-
-class Progress:
-    """One line every tenth of the run and at each evaluation: step, loss, speed, time left."""
-
-    def __init__(self, total_steps: int, stream: TextIO | None, first_step: int = 0) -> None:
-        self.total, self.stream, self.first = total_steps, stream, first_step
-        self.every = max(total_steps // 10, 1)
-        self.start = time.perf_counter()
-
-    def update(self, step: int, loss: float, extra: str = "") -> None:
-        due = step % self.every == 0 or step in (self.first + 1, self.total) or extra
-        if self.stream is None or not due:
-            return
-        elapsed = time.perf_counter() - self.start
-        rate = (step - self.first) / elapsed if elapsed > 0 else float("inf")
-        left = (self.total - step) / rate
-        line = (
-            f"step {step:>5}/{self.total}  loss {loss:.4f}  {rate:6.1f} steps/s  {left:5.1f} s left"
-        )
-        print(line + extra, file=self.stream, flush=True)
-
-
-def _check_run_config(cfg) -> None:
-    for name in ("steps", "batch_size", "eval_every"):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{name} must be a positive int, got {value!r}")
-    if not cfg.lr > 0 or not cfg.clip > 0:
-        raise InputError(f"lr and clip must be positive, got lr={cfg.lr}, clip={cfg.clip}")
-
-
-def check_finite(step: int, loss: float, grads: dict[str, np.ndarray]) -> None:
-    """Stop on the first non-finite value, naming the step and the parameter."""
-    if not math.isfinite(loss):
-        raise TrainingDiverged(f"step {step}: the loss is {loss}; stopped before updating")
-    for key, grad in grads.items():
-        if not np.isfinite(grad).all():
-            n_nan, n_inf = int(np.isnan(grad).sum()), int(np.isinf(grad).sum())
-            raise TrainingDiverged(
-                f"step {step}: the gradient of {key!r} is not finite "
-                f"({n_nan} NaN, {n_inf} inf); stopped before updating"
-            )
-
-
-def _loss_and_grads(state: TrainState, step: int, next_batch: Callable) -> tuple:
-    """One batch's loss and gradients; an overflow or a division by zero anywhere in them is
-    TrainingDiverged, naming the step and the largest parameter (a value past float's range
-    can hide in a finite loss: an infinite variance makes layernorm's output 0)."""
-    try:
-        # not invalid="raise": OpenBLAS's kernels can set the invalid flag spuriously (seen
-        # here on small float32 matmuls); a real NaN reaches the loss or a gradient, where
-        # check_finite reports it
-        with np.errstate(over="raise", invalid="ignore", divide="raise"):
-            return state.model.loss_and_grads(*next_batch(state.sampler))
-    except FloatingPointError as error:
-        params = state.model.params
-        largest = max(params, key=lambda key: float(np.max(np.abs(params[key]))))
-        size = float(np.max(np.abs(params[largest])))
-        raise TrainingDiverged(
-            f"step {step}: {error} in the forward or backward pass; the largest parameter is "
-            f"{largest!r} (|max| {size:.3g}): the learning rate may be too large; "
-            "stopped before updating"
-        ) from None
-
-
-def _loop(
-    state: TrainState,
-    cfg,
-    next_batch: Callable[[np.random.Generator], tuple],
-    evaluate: Callable[[TrainState], str] | None,
-    progress_stream: TextIO | None,
-    checkpointing: Checkpointing | None,
-    meta: Callable[[TrainState], dict],
-) -> dict:
-    """Steps state.step + 1 .. cfg.steps: batch, gradients, guard, clip, update, record.
-
-    Saves a checkpoint every checkpointing.every steps; returns the run's timing.
-    """
-    history, first_step, last_saved = state.history, state.step, None
-    progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
-    while state.step < cfg.steps:
-        step = state.step + 1
-        try:
-            loss, grads = _loss_and_grads(state, step, next_batch)
-            check_finite(step, loss, grads)
-        except TrainingDiverged as error:
-            if last_saved is None:
-                raise
-            raise TrainingDiverged(
-                f"{error}; the checkpoint of step {last_saved} is intact"
-            ) from None
-        flat_grads = state.model.flat_grads(grads)
-        grad_norm = state.optimizer.step(state.model.flat, flat_grads, max_grad_norm=cfg.clip)
-        state.step = step
-        history["step"].append(step)
-        history["train_loss"].append(loss)
-        history["grad_norm"].append(grad_norm)
-        due = step % cfg.eval_every == 0 or step == cfg.steps
-        progress.update(step, loss, evaluate(state) if evaluate and due else "")
-        if checkpointing and step % checkpointing.every == 0:
-            optimizer_state = state.optimizer.state_dict()
-            save_checkpoint(checkpointing.out, state.model, optimizer_state, meta(state))
-            last_saved = step
-    seconds = time.perf_counter() - start
-    speed = (cfg.steps - first_step) / max(seconds, 1e-9)
-    return {
-        "resumed_from_step": first_step,
-        "seconds": round(seconds, 3),
-        "steps_per_second": round(speed, 1),
-    }
-
-
-def check_step_fits(what: str, kind: type[Model], config, batch_size: int, length: int) -> None:
-    """Refuse, up front, a step whose activations cannot fit in memory (the kind's generous
-    estimate, Model.step_values)."""
-    values = kind.step_values(config, batch_size, length)
-    tokens = f"{batch_size * length:,} tokens a step"
-    check_fits(f"{what} ({tokens})", values * np.dtype(config.dtype).itemsize)
-
-
-FINAL_LOSS_STEPS = 10
-
-
-def final_train_loss(history: dict) -> float:
-    """The mean training loss of the last FINAL_LOSS_STEPS steps (one batch's loss is noisy)."""
-    return float(np.mean(history["train_loss"][-FINAL_LOSS_STEPS:]))
-
-
-def _meta(task: str, cfg, state: TrainState, **extra) -> dict:
-    return {
-        "task": task,
-        "train_config": asdict(cfg),
-        "step": state.step,
-        "sampler_state": state.sampler.bit_generator.state,
-        "history": state.history,
-        **extra,
-    }
-
+__all__ = [  # the loop's names that callers know from here
+    "Checkpointing",
+    "TrainingDiverged",
+    "TrainRun",
+    "TrainState",
+    "resume",
+    "run_task",
+    "save_run",
+    "train_char_lm",
+    "train_sequence_task",
+]
 
 # --------------------------------------------------------------- copy / reverse
 
@@ -222,7 +73,7 @@ def train_sequence_task(
     state: TrainState | None = None,
 ) -> TrainRun:
     """Train (or, given a state from a checkpoint, continue training) the copy/reverse model."""
-    _check_run_config(cfg)
+    check_run_config(cfg)
     task = sequence_task(cfg.task, seed=cfg.seed)
     model_cfg = state.model.config if state else model_config or Seq2SeqConfig()
     S = task.train.source.shape[1]
@@ -245,9 +96,9 @@ def train_sequence_task(
         return f"  held-out loss {loss:.4f}  exact match {exact:.3f}"
 
     def meta(state):
-        return _meta(cfg.task, cfg, state)
+        return run_meta(cfg.task, cfg, state)
 
-    timing = _loop(state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta)
+    timing = run_loop(state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta)
     final = state.history["eval"][-1]
     generated = greedy_decode(state.model, task.test.source[:3], task.test.target.shape[1])
     examples = [
@@ -286,7 +137,7 @@ def train_char_lm(
 ) -> TrainRun:
     """Train (or continue training) a model that continues a prompt (cfg.model, MiniGPT by
     default) on a character corpus."""
-    _check_run_config(cfg)
+    check_run_config(cfg)
     kind = model_class(cfg.model)
     if not kind.continues_prompt:
         raise InputError(f"a {cfg.model} model reads a source: it cannot learn to continue text")
@@ -307,9 +158,9 @@ def train_char_lm(
         return corpus.batch(sampler, cfg.batch_size, cfg.context)
 
     def meta(state):
-        return _meta(cfg.task, cfg, state, vocabulary="".join(corpus.chars), text=text)
+        return run_meta(cfg.task, cfg, state, vocabulary="".join(corpus.chars), text=text)
 
-    timing = _loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta)
+    timing = run_loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta)
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
     sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
     result = {

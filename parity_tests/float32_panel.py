@@ -144,20 +144,30 @@ def model_case(model_kind: str, seed: int) -> tuple:
     act = _choice(rng, ["relu", "gelu"])
     B, T, V = r(1, 3), r(1, 5), r(3, 9)
     lengths = [r(1, T) for _ in range(B)]
-    if model_kind == "seq2seq":
-        config = ne.Seq2SeqConfig(V, H * hs, H, r(1, 8), r(1, 2), r(1, 2), act, dtype="float64")
-        model = ne.Seq2SeqTransformer(config, seed=seed)
-        S = r(1, 5)
-        source = padded_ids(rng, [r(1, S) for _ in range(B)], S, V)
-        batch = (source, padded_ids(rng, lengths, T, V), padded_ids(rng, lengths, T, V))
-    else:
-        config = ne.GPTConfig(V, H * hs, H, r(1, 8), r(1, 2), T + r(0, 3), act, dtype="float64")
-        model = ne.MiniGPT(config, seed=seed)
-        targets = rng.integers(0, V, size=(B, T))
-        targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = IGNORE_INDEX
-        batch = (rng.integers(0, V, size=(B, T)), targets)
+    model, batch = MODEL_CASES[model_kind](rng, r, seed, (H, hs, act), (B, T, V), lengths)
     randomize_params(model, rng)
     return model, batch
+
+
+def _seq2seq_case(rng, r, seed, heads, sizes, lengths) -> tuple:
+    (H, hs, act), (B, T, V) = heads, sizes
+    config = ne.Seq2SeqConfig(V, H * hs, H, r(1, 8), r(1, 2), r(1, 2), act, dtype="float64")
+    model = ne.Seq2SeqTransformer(config, seed=seed)
+    S = r(1, 5)
+    source = padded_ids(rng, [r(1, S) for _ in range(B)], S, V)
+    return model, (source, padded_ids(rng, lengths, T, V), padded_ids(rng, lengths, T, V))
+
+
+def _gpt_case(rng, r, seed, heads, sizes, lengths) -> tuple:
+    (H, hs, act), (B, T, V) = heads, sizes
+    config = ne.GPTConfig(V, H * hs, H, r(1, 8), r(1, 2), T + r(0, 3), act, dtype="float64")
+    model = ne.MiniGPT(config, seed=seed)
+    targets = rng.integers(0, V, size=(B, T))
+    targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = IGNORE_INDEX
+    return model, (rng.integers(0, V, size=(B, T)), targets)
+
+
+MODEL_CASES = {"seq2seq": _seq2seq_case, "gpt": _gpt_case}
 
 
 def draw(kind_name: str, seed: int) -> tuple:

@@ -22,7 +22,7 @@ from numpy_engine.layers import layernorm_backward
 def test_parity_report_passes_and_lists_every_tensor(model, dtype, capsys):
     assert main(["parity", "--model", model, "--dtype", dtype, "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    expected_tensors = 51 if model == "seq2seq" else 56  # params + logits + loss
+    expected_tensors = {"seq2seq": 51, "gpt": 56}[model]  # params + logits + loss
     assert f"{expected_tensors} tensors compared, 0 failed ({model}, {dtype}, seed 3)" in out
     assert out.count("  pass") == expected_tensors
     assert "readout.weight" in out or "head.weight" in out

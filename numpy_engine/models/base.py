@@ -55,7 +55,7 @@ class Model:
 
     kind: str  # the registered name, saved in checkpoints
     config_class: type  # a frozen dataclass with vocab_size and dtype
-    torch_twin: str  # the torch_reference.models class with the same state_dict
+    torch_twin: str | None  # the torch_reference.models class with the same state_dict
     continues_prompt: bool  # True: generate() continues ids; False: greedy_decode() a source
 
     def __init__(self, config, seed: int = 0) -> None:
@@ -72,7 +72,7 @@ class Model:
         raise NotImplementedError
 
     def forward(self, *inputs: np.ndarray) -> tuple:
-        """(logits (B, T, V), cache for backward)."""
+        """(logits (B, T, V), cache for backward: a NamedTuple with a logits_shape field)."""
         raise NotImplementedError
 
     def _backward(self, dlogits: np.ndarray, cache) -> dict[str, np.ndarray]:

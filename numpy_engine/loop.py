@@ -1,0 +1,188 @@
+"""The training loop every task shares: state, one guarded step after another, progress
+lines, checkpoints along the way. The tasks themselves (data, evaluation, the model they
+start from) are in train.py.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+import numpy as np
+
+from numpy_engine.checkpoint import save_checkpoint
+from numpy_engine.checks import InputError
+from numpy_engine.memory import check_fits
+from numpy_engine.models import Model
+from numpy_engine.optim import Optimizer
+
+
+@dataclass
+class TrainState:
+    """Everything the loop reads and writes; a checkpoint saves all of it."""
+
+    model: Model
+    optimizer: Optimizer
+    sampler: np.random.Generator
+    step: int = 0
+    history: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainRun:
+    model: Model
+    optimizer: Optimizer
+    result: dict  # the final JSON summary
+    history: dict = field(default_factory=dict)  # loss per step, evaluations
+    meta: dict = field(default_factory=dict)  # what a checkpoint needs to be used again
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    out: Path
+    every: int  # steps between checkpoints
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss or gradient: training stops before the update that would spread it."""
+
+
+class Progress:
+    """One line every tenth of the run and at each evaluation: step, loss, speed, time left."""
+
+    def __init__(self, total_steps: int, stream: TextIO | None, first_step: int = 0) -> None:
+        self.total, self.stream, self.first = total_steps, stream, first_step
+        self.every = max(total_steps // 10, 1)
+        self.start = time.perf_counter()
+
+    def update(self, step: int, loss: float, extra: str = "") -> None:
+        due = step % self.every == 0 or step in (self.first + 1, self.total) or extra
+        if self.stream is None or not due:
+            return
+        elapsed = time.perf_counter() - self.start
+        rate = (step - self.first) / elapsed if elapsed > 0 else float("inf")
+        left = (self.total - step) / rate
+        line = (
+            f"step {step:>5}/{self.total}  loss {loss:.4f}  {rate:6.1f} steps/s  {left:5.1f} s left"
+        )
+        print(line + extra, file=self.stream, flush=True)
+
+
+def check_run_config(cfg) -> None:
+    for name in ("steps", "batch_size", "eval_every"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be a positive int, got {value!r}")
+    if not cfg.lr > 0 or not cfg.clip > 0:
+        raise InputError(f"lr and clip must be positive, got lr={cfg.lr}, clip={cfg.clip}")
+
+
+def check_finite(step: int, loss: float, grads: dict[str, np.ndarray]) -> None:
+    """Stop on the first non-finite value, naming the step and the parameter."""
+    if not math.isfinite(loss):
+        raise TrainingDiverged(f"step {step}: the loss is {loss}; stopped before updating")
+    for key, grad in grads.items():
+        if not np.isfinite(grad).all():
+            n_nan, n_inf = int(np.isnan(grad).sum()), int(np.isinf(grad).sum())
+            raise TrainingDiverged(
+                f"step {step}: the gradient of {key!r} is not finite "
+                f"({n_nan} NaN, {n_inf} inf); stopped before updating"
+            )
+
+
+def _loss_and_grads(state: TrainState, step: int, next_batch: Callable) -> tuple:
+    """One batch's loss and gradients; an overflow or a division by zero anywhere in them is
+    TrainingDiverged, naming the step and the largest parameter (a value past float's range
+    can hide in a finite loss: an infinite variance makes layernorm's output 0)."""
+    try:
+        # not invalid="raise": OpenBLAS's kernels can set the invalid flag spuriously (seen
+        # here on small float32 matmuls); a real NaN reaches the loss or a gradient, where
+        # check_finite reports it
+        with np.errstate(over="raise", invalid="ignore", divide="raise"):
+            return state.model.loss_and_grads(*next_batch(state.sampler))
+    except FloatingPointError as error:
+        params = state.model.params
+        largest = max(params, key=lambda key: float(np.max(np.abs(params[key]))))
+        size = float(np.max(np.abs(params[largest])))
+        raise TrainingDiverged(
+            f"step {step}: {error} in the forward or backward pass; the largest parameter is "
+            f"{largest!r} (|max| {size:.3g}): the learning rate may be too large; "
+            "stopped before updating"
+        ) from None
+
+
+def run_loop(
+    state: TrainState,
+    cfg,
+    next_batch: Callable[[np.random.Generator], tuple],
+    evaluate: Callable[[TrainState], str] | None,
+    progress_stream: TextIO | None,
+    checkpointing: Checkpointing | None,
+    meta: Callable[[TrainState], dict],
+) -> dict:
+    """Steps state.step + 1 .. cfg.steps: batch, gradients, guard, clip, update, record.
+
+    Saves a checkpoint every checkpointing.every steps; returns the run's timing.
+    """
+    history, first_step, last_saved = state.history, state.step, None
+    progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
+    while state.step < cfg.steps:
+        step = state.step + 1
+        try:
+            loss, grads = _loss_and_grads(state, step, next_batch)
+            check_finite(step, loss, grads)
+        except TrainingDiverged as error:
+            if last_saved is None:
+                raise
+            raise TrainingDiverged(
+                f"{error}; the checkpoint of step {last_saved} is intact"
+            ) from None
+        flat_grads = state.model.flat_grads(grads)
+        grad_norm = state.optimizer.step(state.model.flat, flat_grads, max_grad_norm=cfg.clip)
+        state.step = step
+        history["step"].append(step)
+        history["train_loss"].append(loss)
+        history["grad_norm"].append(grad_norm)
+        due = step % cfg.eval_every == 0 or step == cfg.steps
+        progress.update(step, loss, evaluate(state) if evaluate and due else "")
+        if checkpointing and step % checkpointing.every == 0:
+            optimizer_state = state.optimizer.state_dict()
+            save_checkpoint(checkpointing.out, state.model, optimizer_state, meta(state))
+            last_saved = step
+    seconds = time.perf_counter() - start
+    speed = (cfg.steps - first_step) / max(seconds, 1e-9)
+    return {
+        "resumed_from_step": first_step,
+        "seconds": round(seconds, 3),
+        "steps_per_second": round(speed, 1),
+    }
+
+
+def check_step_fits(what: str, kind: type[Model], config, batch_size: int, length: int) -> None:
+    """Refuse, up front, a step whose activations cannot fit in memory (the kind's generous
+    estimate, Model.step_values)."""
+    values = kind.step_values(config, batch_size, length)
+    tokens = f"{batch_size * length:,} tokens a step"
+    check_fits(f"{what} ({tokens})", values * np.dtype(config.dtype).itemsize)
+
+
+FINAL_LOSS_STEPS = 10
+
+
+def final_train_loss(history: dict) -> float:
+    """The mean training loss of the last FINAL_LOSS_STEPS steps (one batch's loss is noisy)."""
+    return float(np.mean(history["train_loss"][-FINAL_LOSS_STEPS:]))
+
+
+def run_meta(task: str, cfg, state: TrainState, **extra) -> dict:
+    return {
+        "task": task,
+        "train_config": asdict(cfg),
+        "step": state.step,
+        "sampler_state": state.sampler.bit_generator.state,
+        "history": state.history,
+        **extra,
+    }
