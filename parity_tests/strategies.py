@@ -24,6 +24,11 @@ class Seq2SeqCase(NamedTuple):
     decoder_input: np.ndarray  # (B, T)
     target: np.ndarray  # (B, T), 0 (ignored) where decoder_input is padding
     seed: int
+    model_class = ne.Seq2SeqTransformer
+
+    @property
+    def batch(self) -> tuple:
+        return self.source, self.decoder_input, self.target
 
 
 class GPTCase(NamedTuple):
@@ -31,6 +36,11 @@ class GPTCase(NamedTuple):
     idx: np.ndarray  # (B, T)
     targets: np.ndarray  # (B, T), -100 (ignored) after each row's length
     seed: int
+    model_class = ne.MiniGPT
+
+    @property
+    def batch(self) -> tuple:
+        return self.idx, self.targets
 
 
 def padded_ids(rng: np.random.Generator, lengths: list[int], width: int, vocab: int) -> np.ndarray:
@@ -115,6 +125,15 @@ def gpt_cases(draw, dtype: str = "float64") -> GPTCase:
     targets = rng.integers(0, config.vocab_size, size=(B, T))
     targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = IGNORE_INDEX
     return GPTCase(config, idx, targets, seed)
+
+
+def randomized_model(case: Seq2SeqCase | GPTCase) -> tuple:
+    """Every model test's preamble: (the case's model with every weight redrawn from
+    case.seed, the generator that drew them, for what the test draws next)."""
+    model = case.model_class(case.config, seed=case.seed)
+    rng = np.random.default_rng(case.seed)
+    randomize_params(model, rng)
+    return model, rng
 
 
 def randomize_params(model, rng: np.random.Generator) -> None:

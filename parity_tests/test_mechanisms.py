@@ -15,25 +15,13 @@ import numpy_engine as ne
 import numpy_engine.models.minigpt
 import numpy_engine.models.seq2seq
 from numpy_engine import attention as A
-from parity_tests.strategies import gpt_cases, randomize_params, seq2seq_cases
+from parity_tests.strategies import gpt_cases, randomize_params, randomized_model, seq2seq_cases
 
 INVARIANCE_TOLERANCE = 1e-12  # float64, normwise relative; a broken mask gives ~1e-2
 
 
 def relative_deviation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
-
-
-def seq2seq_model(case) -> ne.Seq2SeqTransformer:
-    model = ne.Seq2SeqTransformer(case.config, seed=case.seed)
-    randomize_params(model, np.random.default_rng(case.seed))
-    return model
-
-
-def gpt_model(case) -> ne.MiniGPT:
-    model = ne.MiniGPT(case.config, seed=case.seed)
-    randomize_params(model, np.random.default_rng(case.seed))
-    return model
 
 
 # ------------------------------------------------------------------------ measurements
@@ -112,7 +100,7 @@ ROW_PADDING_VISIBLE = (np.arange(4) < np.array([[4], [2]]))[:, None, None, :]  #
 
 @given(case=seq2seq_cases())
 def test_seq2seq_attention_weights_respect_every_mask(case):
-    model = seq2seq_model(case)
+    model = randomized_model(case)[0]
     _, cache = model.forward(case.source, case.decoder_input)
     src_visible = A.padding_visible(case.source, 0)
     T = case.decoder_input.shape[1]
@@ -129,7 +117,7 @@ def test_seq2seq_attention_weights_respect_every_mask(case):
 
 @given(case=gpt_cases())
 def test_gpt_attention_weights_are_causal_and_normalised(case):
-    model = gpt_model(case)
+    model = randomized_model(case)[0]
     _, cache = model.forward(case.idx)
     hidden = ~A.causal_visible(case.idx.shape[1])
     for block in cache.blocks:
@@ -144,37 +132,39 @@ def test_values_at_hidden_positions_do_not_matter():
 
 @given(case=seq2seq_cases())
 def test_seq2seq_future_tokens_do_not_change_earlier_logits(case):
-    model, rng = seq2seq_model(case), np.random.default_rng(case.seed)
+    model, rng = randomized_model(case)[0], np.random.default_rng(case.seed)
     deviation = future_token_deviation(model, case.source, case.decoder_input, rng)
     assert deviation <= INVARIANCE_TOLERANCE
 
 
 @given(case=gpt_cases())
 def test_gpt_future_tokens_do_not_change_earlier_logits(case):
-    model, rng = gpt_model(case), np.random.default_rng(case.seed)
+    model, rng = randomized_model(case)[0], np.random.default_rng(case.seed)
     assert gpt_future_token_deviation(model, case.idx, rng) <= INVARIANCE_TOLERANCE
 
 
 @given(case=seq2seq_cases())
 def test_appending_source_padding_changes_nothing(case):
-    deviation = source_padding_deviation(seq2seq_model(case), case.source, case.decoder_input)
+    deviation = source_padding_deviation(randomized_model(case)[0], case.source, case.decoder_input)
     assert deviation <= INVARIANCE_TOLERANCE
 
 
 @given(case=seq2seq_cases())
 def test_seq2seq_each_prefix_matches_the_full_pass(case):
-    deviation = prefix_deviation(seq2seq_model(case), case.source, case.decoder_input)
+    deviation = prefix_deviation(randomized_model(case)[0], case.source, case.decoder_input)
     assert deviation <= INVARIANCE_TOLERANCE
 
 
 @given(case=gpt_cases())
 def test_gpt_each_prefix_matches_the_full_pass(case):
-    assert gpt_prefix_deviation(gpt_model(case), case.idx) <= INVARIANCE_TOLERANCE
+    assert gpt_prefix_deviation(randomized_model(case)[0], case.idx) <= INVARIANCE_TOLERANCE
 
 
 @given(case=seq2seq_cases())
 def test_gradients_are_finite(case):
-    _, grads = seq2seq_model(case).loss_and_grads(case.source, case.decoder_input, case.target)
+    _, grads = randomized_model(case)[0].loss_and_grads(
+        case.source, case.decoder_input, case.target
+    )
     assert all(np.isfinite(g).all() for g in grads.values())
 
 

@@ -18,7 +18,7 @@ from parity_tests.strategies import (
     SMALLEST_GPT,
     SMALLEST_SEQ2SEQ,
     gpt_cases,
-    randomize_params,
+    randomized_model,
     seq2seq_cases,
 )
 
@@ -88,19 +88,15 @@ def model_float32_checks(model, batch: tuple, dlogits: np.ndarray, rng) -> tuple
 @given(case=seq2seq_cases())
 @example(case=SMALLEST_SEQ2SEQ)
 def test_seq2seq_matches_torch(case):
-    model = ne.Seq2SeqTransformer(case.config, seed=case.seed)
-    rng = np.random.default_rng(case.seed)
-    randomize_params(model, rng)
-    check_model("Seq2SeqTransformer", model, (case.source, case.decoder_input, case.target), rng)
+    model, rng = randomized_model(case)
+    check_model("Seq2SeqTransformer", model, case.batch, rng)
 
 
 @given(case=gpt_cases())
 @example(case=SMALLEST_GPT)
 def test_gpt_matches_torch(case):
-    model = ne.MiniGPT(case.config, seed=case.seed)
-    rng = np.random.default_rng(case.seed)
-    randomize_params(model, rng)
-    check_model("MiniGPT", model, (case.idx, case.targets), rng)
+    model, rng = randomized_model(case)
+    check_model("MiniGPT", model, case.batch, rng)
 
 
 def test_default_models_at_their_own_init_match_torch():

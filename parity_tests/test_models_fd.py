@@ -21,7 +21,7 @@ from parity_tests.strategies import (
     GPTCase,
     Seq2SeqCase,
     gpt_cases,
-    randomize_params,
+    randomized_model,
     seq2seq_cases,
 )
 
@@ -86,10 +86,8 @@ RELU_NEAR_KINK_GPT = GPTCase(
 @example(case=SMALLEST_SEQ2SEQ)
 @example(case=ROUNDING_HEAVY_SEQ2SEQ)
 def test_seq2seq_loss_gradients(case):
-    model = ne.Seq2SeqTransformer(case.config, seed=case.seed)
-    rng = np.random.default_rng(case.seed)
-    randomize_params(model, rng)
-    _, grads = model.loss_and_grads(case.source, case.decoder_input, case.target)
+    model, rng = randomized_model(case)
+    _, grads = model.loss_and_grads(*case.batch)
     assert grads.keys() == model.params.keys()
 
     def probe():
@@ -104,10 +102,8 @@ def test_seq2seq_loss_gradients(case):
 @example(case=SMALLEST_GPT)
 @example(case=RELU_NEAR_KINK_GPT)
 def test_gpt_loss_gradients(case):
-    model = ne.MiniGPT(case.config, seed=case.seed)
-    rng = np.random.default_rng(case.seed)
-    randomize_params(model, rng)
-    _, grads = model.loss_and_grads(case.idx, case.targets)
+    model, rng = randomized_model(case)
+    _, grads = model.loss_and_grads(*case.batch)
     assert grads.keys() == model.params.keys()
 
     def probe():

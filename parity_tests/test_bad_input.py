@@ -1,0 +1,331 @@
+"""Bad input thrown at the public API: every one must raise InputError (a ValueError;
+InputTypeError is also a TypeError) whose message names what was wrong; never another
+exception (numpy's own ValueError included), a hang, or a silent NaN.
+
+Two halves: tables of specific mistakes with the exact message each gets, and Hypothesis
+drawing malformed arrays, configs and settings (composite strategies, so a case it finds
+can be pinned with @example).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import numpy_engine as ne
+from numpy_engine import attention as A
+from numpy_engine import layers as L
+from numpy_engine.checks import InputError
+from numpy_engine.generate import generate, greedy_decode
+from parity_tests.helpers import record_count
+
+SOURCE = np.array([[4, 5, 6], [7, 8, 0]])
+DECODER_INPUT = np.array([[1, 4, 5, 6], [1, 7, 8, 0]])
+TARGET = np.array([[4, 5, 6, 2], [7, 8, 2, 0]])
+IDX = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+TARGETS = np.array([[2, 3, 4, 5], [6, 7, 8, -100]])
+SEQ2SEQ = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(dtype="float64"), seed=0)
+GPT = ne.MiniGPT(ne.GPTConfig(n_layers=1, max_len=8, dtype="float64"), seed=0)
+
+
+# ------------------------------------------------------ specific mistakes, exact messages
+
+
+def replaced(array: np.ndarray, index: tuple, value: int) -> np.ndarray:
+    out = array.copy()
+    out[index] = value
+    return out
+
+
+SEQ2SEQ_BAD_INPUTS = {
+    "source id too large": (
+        dict(source=replaced(SOURCE, (1, 0), 12)),
+        ValueError,
+        r"source\[1, 0\] = 12 is outside",
+    ),
+    "source id negative": (
+        dict(source=replaced(SOURCE, (0, 2), -1)),
+        ValueError,
+        r"source\[0, 2\] = -1 is outside",
+    ),
+    "decoder_input id too large": (
+        dict(decoder_input=replaced(DECODER_INPUT, (0, 3), 99)),
+        ValueError,
+        r"decoder_input\[0, 3\] = 99",
+    ),
+    "float source ids": (dict(source=SOURCE.astype(float)), TypeError, "source must hold integer"),
+    "bool decoder ids": (
+        dict(decoder_input=DECODER_INPUT > 0),
+        TypeError,
+        "decoder_input must hold integer",
+    ),
+    "1-D source": (dict(source=SOURCE[0]), ValueError, r"source must have shape \(batch, time\)"),
+    "empty batch": (
+        dict(source=SOURCE[:0], decoder_input=DECODER_INPUT[:0], target=TARGET[:0]),
+        ValueError,
+        "source is an empty batch",
+    ),
+    "no time steps": (dict(decoder_input=DECODER_INPUT[:, :0]), ValueError, "decoder_input has no"),
+    "batch sizes differ": (dict(source=SOURCE[:1]), ValueError, "same batch size, got 1 and 2"),
+    "target shape": (dict(target=TARGET[:, :3]), ValueError, r"target must have shape \(2, 4\)"),
+    "target id too large": (
+        dict(target=replaced(TARGET, (1, 1), 12)),
+        ValueError,
+        r"target\[1, 1\] = 12 is outside",
+    ),
+    "float target": (dict(target=TARGET.astype(np.float32)), TypeError, "target must hold integer"),
+    "all-padding target": (dict(target=np.zeros_like(TARGET)), ValueError, "target: every target"),
+    "all-padding source row": (
+        dict(source=replaced(SOURCE, (1, slice(None)), 0)),
+        ValueError,
+        "source row 1 is all padding",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SEQ2SEQ_BAD_INPUTS, ids=str)
+def test_seq2seq_bad_input(case):
+    changes, error, message = SEQ2SEQ_BAD_INPUTS[case]
+    batch = dict(source=SOURCE, decoder_input=DECODER_INPUT, target=TARGET) | changes
+    with pytest.raises(error, match=message):
+        SEQ2SEQ.loss_and_grads(**batch)
+
+
+GPT_BAD_INPUTS = {
+    "idx id too large": (dict(idx=replaced(IDX, (1, 3), 13)), ValueError, r"idx\[1, 3\] = 13"),
+    "float idx": (dict(idx=IDX.astype(float)), TypeError, "idx must hold integer"),
+    "longer than max_len": (
+        dict(idx=np.ones((2, 9), dtype=int), targets=np.ones((2, 9), dtype=int)),
+        ValueError,
+        "idx has 9 positions but max_len is 8",
+    ),
+    "targets shape": (dict(targets=TARGETS[:1]), ValueError, r"targets must have shape \(2, 4\)"),
+    "target id negative": (
+        dict(targets=replaced(TARGETS, (0, 0), -1)),
+        ValueError,
+        r"targets\[0, 0\] = -1",
+    ),
+    "all targets ignored": (
+        dict(targets=np.full_like(TARGETS, -100)),
+        ValueError,
+        "ignore_index=-100",
+    ),
+    "empty batch": (dict(idx=IDX[:0], targets=TARGETS[:0]), ValueError, "idx is an empty batch"),
+}
+
+
+@pytest.mark.parametrize("case", GPT_BAD_INPUTS, ids=str)
+def test_gpt_bad_input(case):
+    changes, error, message = GPT_BAD_INPUTS[case]
+    batch = dict(idx=IDX, targets=TARGETS) | changes
+    with pytest.raises(error, match=message):
+        GPT.loss_and_grads(**batch)
+
+
+BAD_CONFIGS = {
+    "d_model not divisible": (dict(d_model=30, n_heads=4), ValueError, "d_model=30 must be divis"),
+    "zero heads": (dict(n_heads=0), ValueError, "n_heads must be positive"),
+    "negative d_ff": (dict(d_ff=-1), ValueError, "d_ff must be positive"),
+    "float d_model": (dict(d_model=32.0), TypeError, "d_model must be an int"),
+    "bool vocab": (dict(vocab_size=True), TypeError, "vocab_size must be an int"),
+    "unknown activation": (dict(activation="swish"), ValueError, "activation must be one of"),
+    "unknown dtype": (dict(dtype="float16"), ValueError, "dtype must be one of"),
+}
+
+
+@pytest.mark.parametrize("config_class", [ne.Seq2SeqConfig, ne.GPTConfig])
+@pytest.mark.parametrize("case", BAD_CONFIGS, ids=str)
+def test_bad_config(config_class, case):
+    changes, error, message = BAD_CONFIGS[case]
+    with pytest.raises(error, match=message):
+        config_class(**changes)
+
+
+def test_bad_layer_counts_and_special_ids():
+    with pytest.raises(ValueError, match="n_encoder_layers must be positive"):
+        ne.Seq2SeqConfig(n_encoder_layers=0)
+    with pytest.raises(ValueError, match="max_len must be positive"):
+        ne.GPTConfig(max_len=0)
+    with pytest.raises(ValueError, match=r"pad_id=12 must be in \[0, vocab_size=12\)"):
+        ne.Seq2SeqConfig(pad_id=12)
+
+
+def test_load_params_rejects_mismatches():
+    good = {key: value.copy() for key, value in GPT.params.items()}
+    missing = {key: value for key, value in good.items() if key != "head.bias"}
+    with pytest.raises(ValueError, match=r"missing keys \['head.bias'\]"):
+        GPT.load_params(missing)
+    with pytest.raises(ValueError, match=r"unexpected keys \['extra'\]"):
+        GPT.load_params(good | {"extra": np.zeros(1)})
+    with pytest.raises(ValueError, match=r"params\['head.bias'\] must have shape \(13,\)"):
+        GPT.load_params(good | {"head.bias": np.zeros(12)})
+    with pytest.raises(TypeError, match=r"params\['head.bias'\] must have dtype float64"):
+        GPT.load_params(good | {"head.bias": np.zeros(13, dtype=np.float32)})
+
+
+def test_fully_hidden_attention_row_is_rejected():
+    q = k = v = np.ones((2, 1, 3, 4))
+    visible = np.ones((2, 1, 3, 3), dtype=bool)
+    visible[1, 0, 2] = False  # batch row 1, query position 2 sees nothing
+    with pytest.raises(ValueError, match="batch row 1, position 2"):
+        A.attention_forward(q, k, v, visible)
+
+
+def test_cross_entropy_with_every_target_ignored():
+    with pytest.raises(ValueError, match="every target equals ignore_index=0"):
+        L.cross_entropy_forward(np.zeros((2, 3, 5)), np.zeros((2, 3), dtype=int), ignore_index=0)
+
+
+# ------------------------------------------------------------ Hypothesis: malformed input
+
+
+def malformed_ids(shape: tuple[int, int], vocab: int, batch_is_fixed: bool = True):
+    """Values that must not pass as a (B, T) id array for this vocabulary (nor, when another
+    argument fixes the batch size, as one with a different batch size)."""
+    B, T = shape
+    ints = st.integers(-(2**40), 2**40)
+    malformed = st.one_of(
+        st.builds(
+            lambda v: np.full(shape, v),
+            st.one_of(ints.filter(lambda v: v < 0), st.integers(vocab, 2**40)),
+        ),
+        st.builds(lambda f: np.full(shape, f), st.floats(allow_nan=True, allow_infinity=True)),
+        st.builds(lambda: np.full(shape, True)),
+        st.builds(lambda: np.full(shape, "a")),
+        st.builds(lambda: np.array([[1], [1, 2]], dtype=object)),
+        st.just([[1], [1, 2]]),  # ragged
+        st.just(None),
+        st.just(np.int64(1)),  # rank 0
+        st.builds(lambda n: np.ones(n, dtype=int), st.integers(0, 5)),  # rank 1
+        st.builds(lambda: np.ones((B, T, 2), dtype=int)),  # rank 3
+        st.builds(lambda: np.ones((0, T), dtype=int)),  # empty batch
+        st.builds(lambda: np.ones((B, 0), dtype=int)),  # no time steps
+        st.builds(lambda: np.array([[2**70] * T] * B, dtype=object)),
+    )
+    other_batch = st.builds(
+        lambda b: np.ones((b, T), dtype=int), st.integers(1, 6).filter(lambda b: b != B)
+    )
+    return st.one_of(malformed, other_batch) if batch_is_fixed else malformed
+
+
+def assert_clear_error(call, argument: str) -> None:
+    try:
+        call()
+    except InputError as error:  # a ValueError or TypeError of numpy's own would be a bug
+        assert argument in str(error), f"the message does not name {argument!r}: {error}"
+        record_count("malformed inputs refused with a clear error")
+        return
+    raise AssertionError(f"malformed {argument} was accepted")
+
+
+@st.composite
+def malformed_batch(draw, batch: dict, vocab: int) -> tuple[str, dict]:
+    """(the argument spoiled, the batch with it replaced by a malformed value)."""
+    which = draw(st.sampled_from(list(batch)))
+    return which, batch | {which: draw(malformed_ids(batch[which].shape, vocab))}
+
+
+SEQ2SEQ_BATCH = {"source": SOURCE, "decoder_input": DECODER_INPUT, "target": TARGET}
+GPT_BATCH = {"idx": IDX, "targets": TARGETS}
+
+
+@given(case=malformed_batch(SEQ2SEQ_BATCH, vocab=12))
+@example(case=("target", SEQ2SEQ_BATCH | {"target": np.full((2, 4), 2**40)}))
+def test_seq2seq_refuses_malformed_arrays(case):
+    which, batch = case
+    assert_clear_error(lambda: SEQ2SEQ.loss_and_grads(**batch), which)
+
+
+@given(case=malformed_batch(GPT_BATCH, vocab=13))
+def test_gpt_refuses_malformed_arrays(case):
+    which, batch = case
+    assert_clear_error(lambda: GPT.loss_and_grads(**batch), which)
+
+
+bad_sizes = st.one_of(
+    st.integers(-5, 0),
+    st.floats(allow_nan=True),
+    st.none(),
+    st.text(max_size=3),
+    st.booleans(),
+    st.just([4]),
+)
+SIZE_FIELDS = {
+    ne.Seq2SeqConfig: ["vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers"],
+    ne.GPTConfig: ["vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"],
+}
+
+
+@st.composite
+def bad_config_fields(draw) -> tuple:
+    config_class = draw(st.sampled_from(list(SIZE_FIELDS)))
+    return config_class, draw(st.sampled_from(SIZE_FIELDS[config_class])), draw(bad_sizes)
+
+
+@given(case=bad_config_fields())
+def test_configs_refuse_bad_sizes(case):
+    config_class, name, value = case
+    assert_clear_error(lambda: config_class(**{name: value}), name)
+
+
+@given(d_model=st.integers(1, 64), n_heads=st.integers(1, 16))
+def test_configs_refuse_heads_that_do_not_divide(d_model, n_heads):
+    if d_model % n_heads:
+        assert_clear_error(lambda: ne.GPTConfig(d_model=d_model, n_heads=n_heads), "n_heads")
+    else:
+        assert ne.GPTConfig(d_model=d_model, n_heads=n_heads).d_model == d_model
+
+
+LOGITS_SHAPE = (2, 4, 13)  # GPT on IDX
+malformed_gradients = st.one_of(
+    st.builds(lambda: np.ones((2, 4, 12))),
+    st.builds(lambda: np.ones(LOGITS_SHAPE, dtype=int)),
+    st.builds(lambda v: np.full(LOGITS_SHAPE, v), st.sampled_from([np.nan, np.inf, -np.inf])),
+    st.just(None),
+    st.just([[0.0]]),
+)
+
+
+@given(bad=malformed_gradients)
+@example(bad=np.ones((2, 4, 12)))
+def test_backward_refuses_malformed_upstream_gradients(bad):
+    _, cache = GPT.forward(IDX)
+    assert_clear_error(lambda: GPT.backward(bad, cache), "dlogits")
+
+
+def not_a_valid_prompt(value) -> bool:
+    """A 1-D array of in-range ids is a valid prompt (one row), unlike for the models."""
+    is_ids = isinstance(value, np.ndarray) and value.dtype.kind == "i" and value.ndim == 1
+    return not (is_ids and value.size > 0)
+
+
+BAD_SETTINGS = [
+    ("temperature", -0.5),
+    ("temperature", "hot"),
+    ("top_k", 0),
+    ("top_k", 2.5),
+    ("top_p", 0.0),
+    ("top_p", 1.01),
+    ("top_p", "x"),
+    ("max_new_tokens", -1),
+    ("max_new_tokens", 1.5),
+]
+
+
+@given(
+    prompt=malformed_ids((1, 3), 13, batch_is_fixed=False).filter(not_a_valid_prompt),
+    source=malformed_ids((2, 3), vocab=12, batch_is_fixed=False),
+    setting=st.sampled_from(BAD_SETTINGS),
+)
+def test_decoding_refuses_malformed_prompts_and_settings(prompt, source, setting):
+    assert_clear_error(lambda: generate(GPT, prompt, 3), "prompt")
+    assert_clear_error(lambda: greedy_decode(SEQ2SEQ, source), "source")
+    name, value = setting
+    assert_clear_error(lambda: generate(GPT, IDX[:1], **{"max_new_tokens": 2, name: value}), name)
+
+
+def test_valid_inputs_still_give_finite_results():
+    loss, grads = SEQ2SEQ.loss_and_grads(SOURCE, DECODER_INPUT, TARGET)
+    assert np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())
