@@ -258,13 +258,12 @@ class Seq2SeqTransformer(Model):
 
     @staticmethod
     def example_batch(cfg: Seq2SeqConfig, rng, batch_size: int, length: int | None = None):
-        """Sources of 1..length ids (not special; default 3) then PAD; the output copies them,
-        then EOS."""
+        """Sources of length, length - 1, ..., 1, length, ... ids (not special; default
+        length 3), then PAD; the output copies them, then EOS."""
         length = 3 if length is None else length
         specials = (cfg.pad_id, cfg.bos_id, cfg.eos_id)
         symbols = np.setdiff1d(np.arange(cfg.vocab_size), specials)
-        lengths = rng.integers(1, length + 1, size=batch_size)
-        lengths[0] = length  # the longest row fixes the batch's width
+        lengths = length - np.arange(batch_size) % length  # every padding pattern
         tokens = rng.choice(symbols, size=(batch_size, length))
         tokens = np.where(np.arange(length) < lengths[:, None], tokens, cfg.pad_id)  # (B, S)
         decoder_input = np.concatenate([np.full((batch_size, 1), cfg.bos_id), tokens], axis=1)
