@@ -42,11 +42,15 @@ TORCH_COMMANDS = {
 RUN_FLAGS = {
     "steps": (positive_int, "optimizer steps"),
     "seed": (int, "seeds the data split, the initial weights and the batches"),
-    "lr": (positive_float, "learning rate, of Adam for copy/reverse and AdamW for char-lm"),
+    "lr": (positive_float, "learning rate, of Adam for copy/reverse and AdamW for char-lm/lm"),
     "batch_size": (positive_int, "sequences per step"),
     "clip": (positive_float, "clip the global gradient norm to this"),
     "eval_every": (positive_int, "copy/reverse: evaluate on the held-out split every N steps"),
-    "context": (positive_int, "char-lm: characters per training window"),
+    "context": (positive_int, "char-lm, lm: tokens per training window"),
+    "init": (
+        str,
+        "lm: the checkpoint to fine-tune (e.g. written by import-hf); its tokenizer reads --text",
+    ),
 }
 
 
@@ -70,14 +74,15 @@ def add_train_command(commands) -> None:
         nargs="?",
         choices=list(REFERENCE_RUNS),
         help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
-        "char-lm: MiniGPT on a character corpus (the tasks of configs.REFERENCE_RUNS)",
+        "char-lm: MiniGPT on a character corpus; lm: fine-tune a checkpoint (--init) on "
+        "--text with its own tokenizer (the tasks of configs.REFERENCE_RUNS)",
     )
     for name, (kind, text) in RUN_FLAGS.items():
         train.add_argument(_flag(name), type=kind, help=f"{text} ({_defaults(name)})")
     train.add_argument(
         "--text",
         metavar="FILE",
-        help="char-lm: a UTF-8 text file to train on (default: a built-in line of Hamlet)",
+        help="char-lm, lm: a UTF-8 text file to train on (default: a built-in line of Hamlet)",
     )
     train.add_argument(
         "--out", metavar="DIR", help="keep result.json, history.json and checkpoint.npz in DIR"
@@ -259,11 +264,12 @@ def _sampling(args: argparse.Namespace) -> float:
 
 def _generate_text(args: argparse.Namespace, checkpoint) -> int:
     from numpy_engine.generate import generate
-    from numpy_engine.tasks import CharCorpus
+    from numpy_engine.tasks import corpus_from_meta
 
     if args.prompt is None:
-        raise InputError("this is a char-lm checkpoint: give --prompt, not --source")
-    ids = CharCorpus(checkpoint.meta["vocabulary"]).encode(args.prompt)
+        raise InputError("this is a language-model checkpoint: give --prompt, not --source")
+    corpus = corpus_from_meta(checkpoint.meta)
+    ids = corpus.encode(args.prompt)
     if len(ids) == 0:
         raise InputError("--prompt is empty")
     temperature, max_new = _sampling(args), args.max_new_tokens or 80
@@ -277,7 +283,7 @@ def _generate_text(args: argparse.Namespace, checkpoint) -> int:
         args.seed,
         use_cache=not args.no_cache,
     )
-    print(CharCorpus(checkpoint.meta["vocabulary"]).decode(out[0]))
+    print(corpus.decode(out[0]))
     return 0
 
 

@@ -89,18 +89,20 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def _prompt_ids(args: argparse.Namespace, checkpoint) -> tuple[np.ndarray, list[str]]:
-    """The prompt's ids in the checkpoint's vocabulary, and its characters as labels."""
-    from numpy_engine.tasks import CharCorpus
+    """The prompt's ids under the checkpoint's tokenizer, and each token's text as a label."""
+    from numpy_engine.tasks import corpus_from_meta
 
     if args.prompt is None:
-        raise InputError("this is a char-lm checkpoint: give --prompt, not --source")
+        raise InputError("this is a language-model checkpoint: give --prompt, not --source")
+    corpus = corpus_from_meta(checkpoint.meta)
+    ids = corpus.encode(args.prompt)
     context = checkpoint.model.config.max_len
-    if not 0 < len(args.prompt) <= context:
+    if not 0 < len(ids) <= context:
         raise InputError(
-            f"--prompt has {len(args.prompt)} characters; this model attends over 1 to "
+            f"--prompt has {len(ids)} tokens; this model attends over 1 to "
             f"{context}, and the picture shows each of them"
         )
-    return CharCorpus(checkpoint.meta["vocabulary"]).encode(args.prompt), list(args.prompt)
+    return ids, [corpus.decode([i]) for i in ids]
 
 
 def run_plot(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ class CharTrainConfig:
     prompt: str | None = None  # the sample's prompt; None: the text's first 3 characters
     model: str = "gpt"  # the kind of model trained: any registered kind that continues a prompt
     task: str = "char-lm"  # the name it is registered under in REFERENCE_RUNS
+    init: str | None = None  # a checkpoint to start from (its weights and tokenizer)
 
     def optimizer(self, params: dict) -> Optimizer:
         return AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
@@ -46,4 +47,6 @@ REFERENCE_RUNS = {
     "copy": SequenceTrainConfig(task="copy"),
     "reverse": SequenceTrainConfig(task="reverse", steps=1000),
     "char-lm": CharTrainConfig(),
+    # fine-tune a language model from a checkpoint (`--init RUN`: e.g. GPT-2 from import-hf)
+    "lm": CharTrainConfig(task="lm", steps=100, lr=1e-4, batch_size=4, context=64, model="gpt2"),
 }

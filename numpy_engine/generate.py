@@ -108,7 +108,9 @@ def generate(
     seed: int = 0,
     use_cache: bool = True,
 ) -> np.ndarray:
-    """prompt (B, T0) ids -> (B, T0 + max_new_tokens); the model sees the last max_len ids."""
+    """prompt (B, T0) ids -> (B, T0 + n) ids, n = max_new_tokens, or fewer when every row has
+    produced the config's eos_id (a row that has repeats it). The model sees the last
+    max_len ids."""
     if not model.continues_prompt:
         raise InputError(f"generate continues a prompt; a {model.kind} model reads a source")
     check_sampling(temperature, top_k, top_p)
@@ -119,9 +121,14 @@ def generate(
     )
     rng = np.random.default_rng(seed)
     decoder = model.decoder(ids, use_cache)
+    eos = getattr(model.config, "eos_id", None)  # a config without one never stops early
+    finished = np.zeros(ids.shape[0], dtype=bool)
     for step in range(max_new_tokens):
         next_ids = sample_next(decoder.next_logits(), rng, temperature, top_k, top_p)  # (B,)
-        if step == max_new_tokens - 1:  # the last token needs no logits after it
+        if eos is not None:
+            next_ids = np.where(finished, eos, next_ids)  # a finished row repeats EOS
+            finished |= next_ids == eos
+        if step == max_new_tokens - 1 or finished.all():  # no logits needed after the last
             return np.concatenate([decoder.ids, next_ids[:, None]], axis=1)
         decoder.append(next_ids)
     return decoder.ids

@@ -23,23 +23,27 @@ from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
 # ----------------------------------------------------------------------------- linear
 
 
-def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> tuple:
-    """y = x @ weight.T + bias, weight stored (out, in) as in PyTorch."""
+def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> tuple:
+    """y = x @ weight.T + bias, weight stored (out, in) as in PyTorch; bias None: no bias."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
     out = x2 @ weight.T  # (N, out)
-    out += bias  # in place: a second (N, out) temporary costs about as much as the add
+    if bias is not None:
+        out += bias  # in place: a second (N, out) temporary costs about as much as the add
     out = out.reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
-    cache = (x, weight)
+    cache = (x, weight, bias is not None)
     return out, cache
 
 
 def linear_backward(dout: np.ndarray, cache: tuple) -> tuple:
-    """See docs/gradients.md#linear. Returns (dx, {"weight": dweight, "bias": dbias})."""
-    x, weight = cache
+    """See docs/gradients.md#linear. Returns (dx, {"weight": dweight, "bias": dbias}), without
+    "bias" when the forward had none."""
+    x, weight, has_bias = cache
     dout2 = dout.reshape(-1, dout.shape[-1])  # (N, out)
     x2 = x.reshape(-1, x.shape[-1])  # (N, in)
     dx = (dout2 @ weight).reshape(x.shape)  # forward was x @ W.T, so dx = dout @ W
     dweight = dout2.T @ x2  # (out, in)
+    if not has_bias:
+        return dx, {"weight": dweight}
     dbias = sum_leading(dout2)  # the bias was broadcast over all N rows
     return dx, {"weight": dweight, "bias": dbias}
 

@@ -89,13 +89,43 @@ def read_text(path: str | Path) -> str:
     return text
 
 
-class CharCorpus:
-    """A text as ids over its sorted characters, cut into (input, next-character) windows."""
+class Corpus:
+    """A text as token ids, cut into (input, next-token) windows. Subclasses say how text
+    becomes ids: CharCorpus by its characters, TokenizerCorpus by a Hugging Face tokenizer."""
 
-    def __init__(self, text: str) -> None:
-        if len(text) < 2:
+    ids: np.ndarray  # (tokens,)
+    vocab_size: int
+
+    def encode(self, text: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        raise NotImplementedError
+
+    def codec(self) -> dict:
+        """What a checkpoint's meta keeps to encode and decode again (see corpus_from_meta)."""
+        raise NotImplementedError
+
+    def batch(self, rng: np.random.Generator, batch_size: int, context: int) -> tuple:
+        """batch_size random windows: idx (B, T) and targets (B, T), targets = idx shifted by 1."""
+        if len(self.ids) < context + 1:
+            raise InputError(
+                f"the text has {len(self.ids)} tokens; a context of {context} "
+                f"needs at least {context + 1}"
+            )
+        starts = rng.integers(0, len(self.ids) - context, size=batch_size)  # (B,)
+        windows = starts[:, None] + np.arange(context + 1)  # (B, T + 1)
+        chunk = self.ids[windows]
+        return chunk[:, :-1], chunk[:, 1:]
+
+
+class CharCorpus(Corpus):
+    """A text as ids over its sorted characters (or over a given vocabulary's)."""
+
+    def __init__(self, text: str, vocabulary: str | None = None) -> None:
+        if len(text) < 2 and vocabulary is None:
             raise InputError(f"text must have at least 2 characters, got {len(text)}")
-        self.chars = sorted(set(text))
+        self.chars = sorted(set(text if vocabulary is None else vocabulary))
         self.index = {ch: i for i, ch in enumerate(self.chars)}
         self.ids = self.encode(text)  # (len(text),)
 
@@ -112,14 +142,40 @@ class CharCorpus:
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)
 
-    def batch(self, rng: np.random.Generator, batch_size: int, context: int) -> tuple:
-        """batch_size random windows: idx (B, T) and targets (B, T), targets = idx shifted by 1."""
-        if len(self.ids) < context + 1:
+    def codec(self) -> dict:
+        return {"vocabulary": "".join(self.chars)}
+
+
+class TokenizerCorpus(Corpus):
+    """A text as the ids of a Hugging Face tokenizer (its tokenizer.json; the hf extra)."""
+
+    def __init__(self, tokenizer_json: str, text: str = "") -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
             raise InputError(
-                f"the text has {len(self.ids)} characters; a context of {context} "
-                f"needs at least {context + 1}"
-            )
-        starts = rng.integers(0, len(self.ids) - context, size=batch_size)  # (B,)
-        windows = starts[:, None] + np.arange(context + 1)  # (B, T + 1)
-        chunk = self.ids[windows]
-        return chunk[:, :-1], chunk[:, 1:]
+                "this checkpoint's tokenizer needs the hf extra: pip install -e '.[hf]'"
+            ) from None
+        self.tokenizer_json = tokenizer_json
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.vocab_size = self.tokenizer.get_vocab_size()
+        self.ids = self.encode(text)
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array(self.tokenizer.encode(text).ids, dtype=np.int64)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def codec(self) -> dict:
+        return {"tokenizer": self.tokenizer_json}
+
+
+def corpus_from_meta(meta: dict, text: str = "") -> Corpus:
+    """text as ids under the tokenizer a checkpoint's meta keeps: a Hugging Face tokenizer
+    ("tokenizer") or a character vocabulary ("vocabulary")."""
+    if "tokenizer" in meta:
+        return TokenizerCorpus(meta["tokenizer"], text)
+    if "vocabulary" in meta:
+        return CharCorpus(text, vocabulary=meta["vocabulary"])
+    raise InputError("the checkpoint keeps no tokenizer or vocabulary: it cannot read text")

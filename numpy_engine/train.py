@@ -34,7 +34,15 @@ from numpy_engine.loop import (
     run_meta,
 )
 from numpy_engine.models import Seq2SeqConfig, Seq2SeqTransformer, model_class
-from numpy_engine.tasks import DEFAULT_TEXT, EOS, PAD, CharCorpus, Split, sequence_task
+from numpy_engine.tasks import (
+    DEFAULT_TEXT,
+    EOS,
+    PAD,
+    CharCorpus,
+    Split,
+    corpus_from_meta,
+    sequence_task,
+)
 
 __all__ = [  # the loop's names that callers know from here
     "Checkpointing",
@@ -134,22 +142,27 @@ def train_char_lm(
     progress_stream: TextIO | None = sys.stderr,
     checkpointing: Checkpointing | None = None,
     state: TrainState | None = None,
+    codec: dict | None = None,
 ) -> TrainRun:
-    """Train (or continue training) a model that continues a prompt (cfg.model, MiniGPT by
-    default) on a character corpus."""
+    """Train a model that continues a prompt on text: from scratch (cfg.model, MiniGPT by
+    default, over the text's characters), from the checkpoint in cfg.init (its weights and
+    its tokenizer: fine-tuning), or on from state (resume; codec: the meta that holds its
+    tokenizer or vocabulary)."""
     check_run_config(cfg)
-    kind = model_class(cfg.model)
-    if not kind.continues_prompt:
-        raise InputError(f"a {cfg.model} model reads a source: it cannot learn to continue text")
     text = DEFAULT_TEXT if text is None else text
-    corpus = CharCorpus(text)
-    config = (
-        state.model.config if state else kind.config_class(corpus.vocab_size, max_len=cfg.context)
-    )
+    model = None if state is None else state.model
+    if state is None and cfg.init is not None:
+        start = load_checkpoint(cfg.init)
+        model, codec = start.model, start.meta
+    corpus = corpus_from_meta(codec, text) if codec else CharCorpus(text)
+    model = model or _new_language_model(cfg, corpus.vocab_size)
+    if not model.continues_prompt:
+        raise InputError(f"a {model.kind} model reads a source: it cannot learn to continue text")
+    if cfg.context > model.config.max_len:
+        raise InputError(f"context={cfg.context} is longer than the model's {model.config.max_len}")
     what = f"batch_size={cfg.batch_size} with context={cfg.context}"
-    check_step_fits(what, kind, config, cfg.batch_size, cfg.context)
+    check_step_fits(what, type(model), model.config, cfg.batch_size, cfg.context)
     if state is None:
-        model = kind(config, seed=cfg.seed)
         history = {"step": [], "train_loss": [], "grad_norm": []}
         sampler = np.random.default_rng([cfg.seed, 1])
         state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
@@ -158,7 +171,7 @@ def train_char_lm(
         return corpus.batch(sampler, cfg.batch_size, cfg.context)
 
     def meta(state):
-        return run_meta(cfg.task, cfg, state, vocabulary="".join(corpus.chars), text=text)
+        return run_meta(cfg.task, cfg, state, **corpus.codec(), text=text)
 
     timing = run_loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta)
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
@@ -167,7 +180,8 @@ def train_char_lm(
         "task": cfg.task,
         "seed": cfg.seed,
         "steps": cfg.steps,
-        "corpus_characters": len(corpus.ids),
+        "corpus_characters": len(text),
+        "corpus_tokens": len(corpus.ids),
         "vocab_size": corpus.vocab_size,
         "initial_train_loss": state.history["train_loss"][0],
         "final_train_loss": final_train_loss(state.history),
@@ -176,6 +190,11 @@ def train_char_lm(
         "greedy_sample": sample,
     }
     return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
+
+
+def _new_language_model(cfg: CharTrainConfig, vocab_size: int):
+    kind = model_class(cfg.model)
+    return kind(kind.config_class(vocab_size, max_len=cfg.context), seed=cfg.seed)
 
 
 # ------------------------------------------------------------------- files, resume
@@ -221,7 +240,7 @@ def resume(
     optimizer = cfg.optimizer(model.params)
     optimizer.load_state_dict(checkpoint.optimizer_state)
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
-    return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state)
+    return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta)
 
 
 def _train_config(out_dir, meta: dict):
@@ -240,11 +259,12 @@ def run_task(
     progress_stream: TextIO | None = sys.stderr,
     checkpointing: Checkpointing | None = None,
     state: TrainState | None = None,
+    codec: dict | None = None,
 ) -> TrainRun:
     """Train (or continue) the run cfg describes: a sequence task, or a language model on
-    text (DEFAULT_TEXT when None)."""
+    text (DEFAULT_TEXT when None; codec: see train_char_lm)."""
     if isinstance(cfg, CharTrainConfig):
-        return train_char_lm(cfg, text, progress_stream, checkpointing, state)
+        return train_char_lm(cfg, text, progress_stream, checkpointing, state, codec)
     if text is not None:
         raise InputError(f"--text is for language-model tasks (char-lm), not {cfg.task}")
     return train_sequence_task(cfg, None, progress_stream, checkpointing, state)

@@ -184,7 +184,7 @@ def test_top_k_without_temperature_samples(char_run):
 def test_attention_refuses_a_prompt_longer_than_the_context(char_run):
     pytest.importorskip("matplotlib")
     result = run_cli("attention", "--checkpoint", str(char_run), "--prompt", "to be " * 20)
-    assert_refused(result, "--prompt has 120 characters", "1 to 8")
+    assert_refused(result, "--prompt has 120 tokens", "1 to 8")
 
 
 def test_final_train_loss_has_one_definition(short_copy, char_run):

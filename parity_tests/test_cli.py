@@ -20,7 +20,16 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 HELP_WORDS = {
     (): ["train", "generate", "parity", "export", "import", "bench", "attention", "grads"],
-    ("train",): ["--steps", "--seed", "--lr", "--batch-size", "--out", "--text", "default: 32"],
+    ("train",): [
+        "--steps",
+        "--seed",
+        "--lr",
+        "--batch-size",
+        "--out",
+        "--text",
+        "char-lm 32",
+        "--init",
+    ],
     ("generate",): ["--checkpoint", "--source", "--prompt", "--temperature", "--top-k", "--top-p"],
     ("parity",): ["--model", "--dtype", "--seed"],
 }

@@ -22,7 +22,7 @@ MAY_NOT_IMPORT = {
     "crosscheck": {"parity_tests"},
     "benchmarks": {"parity_tests"},
 }
-OPTIONAL_EXTRAS = {"matplotlib"}  # imported inside the functions that need them
+OPTIONAL_EXTRAS = {"matplotlib", "safetensors", "tokenizers"}  # imported where needed
 
 
 def imports(path: Path) -> tuple[set[str], set[str]]:

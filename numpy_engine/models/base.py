@@ -190,10 +190,11 @@ def model_class(kind: str) -> type[Model]:
 # ------------------------------------------------------------------ decoding helpers
 
 
-def readout_last(x: np.ndarray, p: dict, norm: str, head: str) -> np.ndarray:
-    """The final layernorm and the output projection, on the last position: logits (B, V)."""
-    x, _ = layernorm_forward(x[:, -1:], p[f"{norm}.weight"], p[f"{norm}.bias"])
-    logits, _ = linear_forward(x, p[f"{head}.weight"], p[f"{head}.bias"])
+def readout_last(x: np.ndarray, norm: tuple, head: tuple) -> np.ndarray:
+    """The final layernorm (weight, bias) and the output projection (weight, bias or None), on
+    the last position: logits (B, V)."""
+    x, _ = layernorm_forward(x[:, -1:], *norm)
+    logits, _ = linear_forward(x, *head)
     return logits[:, 0]
 
 

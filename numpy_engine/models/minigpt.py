@@ -46,9 +46,12 @@ class GPTConfig:
     max_len: int = 32
     activation: str = "gelu"
     dtype: str = "float32"
+    eos_id: int | None = None  # the end-of-text token: generation stops there; None: no stop
 
     def __post_init__(self) -> None:
         check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
+        if self.eos_id is not None and not 0 <= self.eos_id < self.vocab_size:
+            raise InputError(f"eos_id={self.eos_id} must be in [0, vocab_size={self.vocab_size})")
 
 
 class GPTCache(NamedTuple):
@@ -105,20 +108,29 @@ class MiniGPT(Model):
             )
             blocks.append(block)
         x, final_norm = layernorm_forward(x, p["final_norm.weight"], p["final_norm.bias"])
-        logits, head = linear_forward(x, p["head.weight"], p["head.bias"])  # (B, T, V)
+        logits, head = linear_forward(x, *self._head())  # (B, T, V)
         return logits, GPTCache(tok_embed, pos_embed, blocks, final_norm, head, logits.shape)
 
     def _backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
         dx, head_grads = linear_backward(dlogits, cache.head)
         dx, norm_grads = layernorm_backward(dx, cache.final_norm)
-        grads = with_prefix(head_grads, "head.") | with_prefix(norm_grads, "final_norm.")
+        grads = with_prefix(norm_grads, "final_norm.")
         for i in reversed(range(len(cache.blocks))):
             dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
             grads |= with_prefix(block_grads, f"blocks.{i}.")
         dx, pos_grads = learned_positions_backward(dx, cache.pos_embed)
         _, tok_grads = embedding_backward(dx, cache.tok_embed)
-        grads |= with_prefix(pos_grads, "pos_embed.") | with_prefix(tok_grads, "tok_embed.")
+        grads |= with_prefix(pos_grads, "pos_embed.")
+        grads |= self._head_and_embedding_grads(head_grads, tok_grads["weight"])
         return {key: grads[key] for key in self.params}
+
+    def _head(self) -> tuple:
+        """The output projection's (weight, bias): logits = final_norm(x) @ weight.T + bias."""
+        return self.params["head.weight"], self.params["head.bias"]
+
+    def _head_and_embedding_grads(self, head_grads: dict, dtok_embed: np.ndarray) -> dict:
+        """The head's and the token embedding's gradients, keyed like params."""
+        return with_prefix(head_grads, "head.") | {"tok_embed.weight": dtok_embed}
 
     def loss_and_grads(
         self, idx: np.ndarray, targets: np.ndarray
@@ -217,4 +229,4 @@ class CachedGPTDecoder:
             )
             self.kv[i] = keys_values(block.attn)
         self.length = start + n
-        return readout_last(x, p, "final_norm", "head")
+        return readout_last(x, (p["final_norm.weight"], p["final_norm.bias"]), self.model._head())

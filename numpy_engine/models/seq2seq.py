@@ -350,4 +350,5 @@ class CachedSeq2SeqDecoder:
                 self.memory_kv[i],
             )
             self.kv[i] = keys_values(block.self_attn)
-        return readout_last(x, p, "decoder_norm", "readout")
+        norm = p["decoder_norm.weight"], p["decoder_norm.bias"]
+        return readout_last(x, norm, (p["readout.weight"], p["readout.bias"]))
