@@ -2,6 +2,7 @@
 
     numpy-engine train copy|reverse|char-lm [--steps --seed --lr --batch-size --out DIR ...]
     numpy-engine generate --checkpoint DIR (--source 4 7 9 | --prompt "to ") [--temperature ...]
+    numpy-engine import-hf DIR --out RUN | export-hf --checkpoint RUN --to DIR   (GPT-2)
     numpy-engine parity | export | import | bench ...   (run by crosscheck/cli.py)
 
 Progress goes to stderr, results (JSON, generated text) to stdout. A mistake in the
@@ -28,6 +29,7 @@ from numpy_engine.cli_args import (
     positive_int,
     run_command,
 )
+from numpy_engine.cli_hf import add_hf_commands
 from numpy_engine.cli_study import add_study_commands
 from numpy_engine.configs import REFERENCE_RUNS
 
@@ -159,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(commands)
     add_generate_command(commands)
     add_study_commands(commands)
+    add_hf_commands(commands)
     for name, summary in TORCH_COMMANDS.items():  # listed in --help; run by crosscheck
         commands.add_parser(name, help=f"{summary} (needs the test extra)", add_help=False)
     return parser

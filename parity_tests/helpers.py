@@ -182,3 +182,37 @@ def assert_float32_within_bound(name: str, checks: dict[str, Float32Check]) -> N
             f"(norm {check.golden_norm:.3e}), above the bound {check.bound:.3e} "
             f"(its sensitivity to float32 rounding of the inputs: {check.sensitivity:.3e})"
         )
+
+
+# ---------------------------------------------------------------------------- whole models
+
+
+def engine_results(model, batch: tuple, dlogits: np.ndarray) -> dict[str, np.ndarray]:
+    """Logits, loss, loss gradients, and gradients under a random upstream dlogits."""
+    logits, cache = model.forward(*batch[:-1])
+    upstream = model.backward(dlogits.astype(logits.dtype), cache)
+    loss, grads = model.loss_and_grads(*batch)
+    return (
+        {"logits": logits, "loss": np.array(loss)}
+        | {f"dloss/d{key}": g for key, g in grads.items()}
+        | {f"dlogits-weighted d{key}": g for key, g in upstream.items()}
+    )
+
+
+def float32_golden(model, batch: tuple, dlogits: np.ndarray, rng) -> tuple:
+    """(model in float32, dlogits in float32, the golden engine_results: a float64 run on the
+    float32-rounded weights and upstream gradient, and each result's sensitivity to
+    rounding its inputs): what float32_checks judges a float32 run by."""
+    model32 = model.with_dtype("float32")
+    dlogits32 = dlogits.astype(np.float32)
+    exact = model32.with_dtype("float64")  # float32's weights, in float64
+
+    def engine64(inputs):
+        exact.load_params(params_of(inputs, "upstream"))
+        return engine_results(exact, batch, inputs["upstream"])
+
+    inputs = {**exact.params, "upstream": dlogits32.astype(np.float64)}
+    inputs = {key: value.copy() for key, value in inputs.items()}  # load_params writes the views
+    golden = engine64(inputs)  # the float64 engine (see layer_float32_checks)
+    sensitivity = sensitivities(engine64, inputs, rng, per_input=False, draws=3)
+    return model32, dlogits32, golden, sensitivity

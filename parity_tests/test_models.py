@@ -11,9 +11,14 @@ import numpy as np
 from hypothesis import example, given
 
 import numpy_engine as ne
-from crosscheck.compare import float32_checks, sensitivities
+from crosscheck.compare import float32_checks
 from crosscheck.convert import grads_from_torch, tensor, torch_model_for
-from parity_tests.helpers import assert_all_close_float64, assert_float32_within_bound, params_of
+from parity_tests.helpers import (
+    assert_all_close_float64,
+    assert_float32_within_bound,
+    engine_results,
+    float32_golden,
+)
 from parity_tests.strategies import (
     SMALLEST_GPT,
     SMALLEST_SEQ2SEQ,
@@ -21,18 +26,6 @@ from parity_tests.strategies import (
     randomized_model,
     seq2seq_cases,
 )
-
-
-def engine_results(model, batch: tuple, dlogits: np.ndarray) -> dict[str, np.ndarray]:
-    """Logits, loss, loss gradients, and gradients under a random upstream dlogits."""
-    logits, cache = model.forward(*batch[:-1])
-    upstream = model.backward(dlogits.astype(logits.dtype), cache)
-    loss, grads = model.loss_and_grads(*batch)
-    return (
-        {"logits": logits, "loss": np.array(loss)}
-        | {f"dloss/d{key}": g for key, g in grads.items()}
-        | {f"dlogits-weighted d{key}": g for key, g in upstream.items()}
-    )
 
 
 def torch_results(module, batch: tuple, dlogits: np.ndarray) -> dict[str, np.ndarray]:
@@ -65,18 +58,7 @@ def check_model(name: str, model, batch: tuple, rng: np.random.Generator) -> Non
 def model_float32_checks(model, batch: tuple, dlogits: np.ndarray, rng) -> tuple:
     """(the engine's, torch's) float32 checks: each float32 run against a float64 golden run
     with the same float32-rounded weights and upstream gradient, under one bound."""
-    model32 = model.with_dtype("float32")
-    dlogits32 = dlogits.astype(np.float32)
-    exact = model32.with_dtype("float64")  # float32's weights, in float64
-
-    def engine64(inputs):
-        exact.load_params(params_of(inputs, "upstream"))
-        return engine_results(exact, batch, inputs["upstream"])
-
-    inputs = {**exact.params, "upstream": dlogits32.astype(np.float64)}
-    inputs = {key: value.copy() for key, value in inputs.items()}  # load_params writes the views
-    golden = engine64(inputs)  # the float64 engine (see helpers.layer_float32_checks)
-    sensitivity = sensitivities(engine64, inputs, rng, per_input=False, draws=3)
+    model32, dlogits32, golden, sensitivity = float32_golden(model, batch, dlogits, rng)
     ours32 = engine_results(model32, batch, dlogits32)
     torch32 = torch_results(torch_model_for(model32), batch, dlogits32)
     return (

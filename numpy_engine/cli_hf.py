@@ -1,0 +1,47 @@
+"""`import-hf` and `export-hf`: Hugging Face GPT-2 directories in and out (registered by
+cli.py; the work is in hf.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from numpy_engine.cli_args import add_checkpoint_argument
+
+
+def add_hf_commands(commands) -> None:
+    imp = commands.add_parser(
+        "import-hf",
+        help="turn a Hugging Face GPT-2 directory into an engine checkpoint (needs the hf extra)",
+        description="Read config.json, model.safetensors and (if present) tokenizer.json from "
+        "DIR, as save_pretrained writes them or the hub's download gives them, and write "
+        "RUN/checkpoint.npz: the weights (Conv1D weights transposed, c_attn split into q, k, "
+        "v), the config, and the tokenizer for generate --prompt and train lm --text. "
+        "A missing or unexpected key, a wrong shape or a model_type other than gpt2 is refused.",
+    )
+    imp.add_argument("directory", metavar="DIR", help="the Hugging Face model directory")
+    imp.add_argument("--out", required=True, metavar="RUN", help="where checkpoint.npz goes")
+    imp.set_defaults(run=run_import)
+
+    exp = commands.add_parser(
+        "export-hf",
+        help="write a GPT-2 checkpoint as a Hugging Face directory (needs the hf extra)",
+        description="Write config.json, model.safetensors and (if the checkpoint has one) "
+        "tokenizer.json into DIR, which GPT2LMHeadModel.from_pretrained(DIR) loads.",
+    )
+    add_checkpoint_argument(exp)
+    exp.add_argument("--to", required=True, metavar="DIR", help="the directory to write")
+    exp.set_defaults(run=run_export)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from numpy_engine.hf import import_hf
+
+    print(f"wrote {import_hf(args.directory, args.out)}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from numpy_engine.hf import export_hf
+
+    print(f"wrote {export_hf(args.checkpoint, args.to)}")
+    return 0

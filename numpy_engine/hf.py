@@ -1,0 +1,217 @@
+"""Hugging Face GPT-2 directories to engine checkpoints and back (the hf extra).
+
+A directory as `save_pretrained` writes it: config.json, model.safetensors and, when
+there is one, tokenizer.json. Hugging Face's Conv1D layers store weights (in, out) and
+compute x @ W + b; the engine stores (out, in) as torch.nn.Linear does, so every Conv1D
+weight is transposed, and c_attn, which packs q, k and v along its outputs, is split in
+three. Only numpy, safetensors and tokenizers are needed: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
+from numpy_engine.checks import InputError
+from numpy_engine.models import GPT2, GPT2Config
+
+# engine key under blocks.{i}. -> Hugging Face key under h.{i}., and whether it is a Conv1D
+# weight (transposed). c_attn, split into q/k/v, is handled on its own.
+LAYER_KEYS = {
+    "ln1.weight": ("ln_1.weight", False),
+    "ln1.bias": ("ln_1.bias", False),
+    "attn.out_proj.weight": ("attn.c_proj.weight", True),
+    "attn.out_proj.bias": ("attn.c_proj.bias", False),
+    "ln2.weight": ("ln_2.weight", False),
+    "ln2.bias": ("ln_2.bias", False),
+    "ffn.fc1.weight": ("mlp.c_fc.weight", True),
+    "ffn.fc1.bias": ("mlp.c_fc.bias", False),
+    "ffn.fc2.weight": ("mlp.c_proj.weight", True),
+    "ffn.fc2.bias": ("mlp.c_proj.bias", False),
+}
+TOP_KEYS = {"tok_embed.weight": "wte.weight", "pos_embed.weight": "wpe.weight"}
+TOP_KEYS |= {"final_norm.weight": "ln_f.weight", "final_norm.bias": "ln_f.bias"}
+QKV = ("q_proj", "k_proj", "v_proj")  # c_attn's output columns, in that order
+BUFFERS = (".attn.bias", ".attn.masked_bias")  # old files' causal-mask buffers, not parameters
+
+
+# ------------------------------------------------------------------- key mapping
+
+
+def engine_params_from_hf(state: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
+    """Hugging Face GPT-2 tensors (with or without the "transformer." prefix) keyed and laid
+    out as the engine's GPT2 params; also maps gradients. Refuses a missing or unexpected key."""
+    state = _without_prefix_and_buffers(state)
+    out = {engine: _take(state, hf) for engine, hf in TOP_KEYS.items()}
+    for i in range(n_layers):
+        qkv_w, qkv_b = (
+            _take(state, f"h.{i}.attn.c_attn.weight").T,
+            _take(state, f"h.{i}.attn.c_attn.bias"),
+        )
+        C = qkv_w.shape[1]
+        for j, name in enumerate(QKV):  # rows of the transposed (3C, C) weight
+            out[f"blocks.{i}.attn.{name}.weight"] = qkv_w[j * C : (j + 1) * C]
+            out[f"blocks.{i}.attn.{name}.bias"] = qkv_b[j * C : (j + 1) * C]
+        for engine, (hf, conv1d) in LAYER_KEYS.items():
+            value = _take(state, f"h.{i}.{hf}")
+            out[f"blocks.{i}.{engine}"] = value.T if conv1d else value
+    if state:
+        raise InputError(f"unexpected key {sorted(state)[0]!r} (not a GPT-2 parameter)")
+    return {key: np.ascontiguousarray(value) for key, value in out.items()}
+
+
+def hf_state_from_engine(params: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
+    """The engine's GPT2 params as GPT2LMHeadModel's state (the head is tied: no lm_head)."""
+    state = {f"transformer.{hf}": params[engine] for engine, hf in TOP_KEYS.items()}
+    for i in range(n_layers):
+        block = f"blocks.{i}.attn."
+        weights = [params[f"{block}{name}.weight"] for name in QKV]
+        state[f"transformer.h.{i}.attn.c_attn.weight"] = np.concatenate(weights).T
+        biases = [params[f"{block}{name}.bias"] for name in QKV]
+        state[f"transformer.h.{i}.attn.c_attn.bias"] = np.concatenate(biases)
+        for engine, (hf, conv1d) in LAYER_KEYS.items():
+            value = params[f"blocks.{i}.{engine}"]
+            state[f"transformer.h.{i}.{hf}"] = value.T if conv1d else value
+    return {key: np.ascontiguousarray(value) for key, value in state.items()}
+
+
+def _without_prefix_and_buffers(state: dict) -> dict:
+    out = {}
+    for key, value in state.items():
+        key = key.removeprefix("transformer.")
+        if key.endswith(BUFFERS) or key == "lm_head.weight":
+            continue  # the mask buffers are not parameters; lm_head is wte (checked below)
+        out[key] = value
+    if "lm_head.weight" in state and "wte.weight" in out:
+        if not np.array_equal(state["lm_head.weight"], out["wte.weight"]):
+            raise InputError("lm_head.weight differs from wte.weight: an untied head")
+    return out
+
+
+def _take(state: dict, key: str) -> np.ndarray:
+    if key not in state:
+        raise InputError(f"missing key {key!r}")
+    return state.pop(key)
+
+
+# ---------------------------------------------------------------------- configs
+
+# config.json settings whose other values would change the computation
+FIXED = {
+    "layer_norm_epsilon": 1e-5,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "add_cross_attention": False,
+}
+
+
+HF_MODEL_TYPE = "gpt2"  # config.json's model_type: Hugging Face's name for the architecture
+
+
+def config_from_hf(hf: dict, dtype: str) -> GPT2Config:
+    if hf.get("model_type") != HF_MODEL_TYPE:
+        raise InputError(f"model_type is {hf.get('model_type')!r}; only gpt2 can be imported")
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise InputError(f"activation_function {hf['activation_function']!r}: not the tanh GELU")
+    for name, value in FIXED.items():
+        if hf.get(name, value) != value:
+            raise InputError(f"{name}={hf[name]!r} is not supported (the engine computes {value})")
+    if not hf.get("tie_word_embeddings", True):
+        raise InputError("tie_word_embeddings is false: the engine's GPT-2 ties its head")
+    eos = hf.get("eos_token_id")
+    return GPT2Config(
+        vocab_size=hf["vocab_size"],
+        d_model=hf["n_embd"],
+        n_heads=hf["n_head"],
+        d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
+        n_layers=hf["n_layer"],
+        max_len=hf["n_positions"],
+        dtype=dtype,
+        eos_id=eos if isinstance(eos, int) and 0 <= eos < hf["vocab_size"] else None,
+    )
+
+
+def hf_config_from_engine(cfg: GPT2Config) -> dict:
+    eos = 50256 if cfg.eos_id is None else cfg.eos_id  # transformers' default when unset
+    return {
+        "model_type": HF_MODEL_TYPE,
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": cfg.vocab_size,
+        "n_embd": cfg.d_model,
+        "n_head": cfg.n_heads,
+        "n_inner": cfg.d_ff,
+        "n_layer": cfg.n_layers,
+        "n_positions": cfg.max_len,
+        "activation_function": "gelu_new",
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "tie_word_embeddings": True,
+        "dtype": cfg.dtype,
+        **FIXED,
+    }
+
+
+# ------------------------------------------------------------------- the commands
+
+
+def _safetensors_numpy():
+    try:
+        import safetensors.numpy
+    except ImportError:
+        raise InputError("this needs the hf extra: pip install -e '.[hf]'") from None
+    return safetensors.numpy
+
+
+def import_hf(directory: str | Path, out: str | Path) -> Path:
+    """A Hugging Face GPT-2 directory as an engine checkpoint in out (its tokenizer too)."""
+    directory = Path(directory)
+    st = _safetensors_numpy()
+    hf_config = _read_json(directory / "config.json")
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        raise InputError(f"{weights}: no such file (import-hf reads safetensors)")
+    try:
+        state = st.load_file(weights)
+    except Exception as error:  # safetensors raises its own error types for a corrupt file
+        raise InputError(f"{weights}: not a readable safetensors file ({error})") from None
+    dtype = "float64" if any(v.dtype == np.float64 for v in state.values()) else "float32"
+    config = config_from_hf(hf_config, dtype)
+    model = GPT2(config)
+    params = engine_params_from_hf(state, config.n_layers)
+    model.load_params({key: value.astype(dtype) for key, value in params.items()})
+    meta = {"task": "import-hf", "source": str(directory)}
+    tokenizer = directory / "tokenizer.json"
+    if tokenizer.is_file():
+        meta["tokenizer"] = tokenizer.read_text(encoding="utf-8")
+    return save_checkpoint(out, model, None, meta)
+
+
+def export_hf(checkpoint_path: str | Path, to: str | Path) -> Path:
+    """An engine GPT-2 checkpoint as a directory GPT2LMHeadModel.from_pretrained loads."""
+    st = _safetensors_numpy()
+    checkpoint = load_checkpoint(checkpoint_path)
+    model = checkpoint.model
+    if model.kind != GPT2.kind:
+        raise InputError(f"export-hf writes GPT-2 models; this checkpoint holds a {model.kind}")
+    to = Path(to)
+    to.mkdir(parents=True, exist_ok=True)
+    state = hf_state_from_engine(model.params, model.config.n_layers)
+    st.save_file(state, to / "model.safetensors", metadata={"format": "pt"})
+    config = json.dumps(hf_config_from_engine(model.config), indent=2)
+    (to / "config.json").write_text(config + "\n")
+    if "tokenizer" in checkpoint.meta:
+        (to / "tokenizer.json").write_text(checkpoint.meta["tokenizer"], encoding="utf-8")
+    return to
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, ValueError) as error:
+        raise InputError(f"{path}: not readable JSON ({error})") from None

@@ -1,0 +1,202 @@
+"""GPT-2 against Hugging Face transformers' GPT2LMHeadModel, loaded through the real import
+path: a random model is saved with save_pretrained and read back by numpy-engine's import-hf.
+float64: logits, the loss and every parameter gradient (the tied wte included) within the
+1e-10 normwise rule; float32 under the suite's float32 rule; KV-cached decoding against
+transformers' past_key_values; greedy generation token for token; ten AdamW steps.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+from transformers import GPT2Config as HFConfig
+from transformers import GPT2LMHeadModel
+
+from crosscheck.compare import float32_checks
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.hf import engine_params_from_hf, import_hf
+from numpy_engine.models import IGNORE_INDEX
+from numpy_engine.optim import AdamW
+from parity_tests.helpers import (
+    assert_all_close_float64,
+    assert_float32_within_bound,
+    engine_results,
+    float32_golden,
+)
+from parity_tests.strategies import seeds
+
+
+class Case:
+    """A random GPT2LMHeadModel (float64, eval mode, eager attention) and the engine's import."""
+
+    def __init__(self, sizes: dict, seed: int, dtype=torch.float64) -> None:
+        torch.manual_seed(seed)
+        config = HFConfig(**sizes, attn_implementation="eager")
+        self.hf = GPT2LMHeadModel(config).to(dtype).eval()
+        randomize(self.hf, seed)
+        with tempfile.TemporaryDirectory() as directory:
+            self.hf.save_pretrained(directory)
+            self.engine = load_checkpoint(import_hf(directory, Path(directory) / "run")).model
+        self.n_layer = config.n_layer
+
+    def hf_grads(self) -> dict[str, np.ndarray]:
+        state = {key: p.grad.numpy().copy() for key, p in self.hf.named_parameters()}
+        self.hf.zero_grad()
+        return engine_params_from_hf(state, self.n_layer)
+
+
+def randomize(hf: GPT2LMHeadModel, seed: int) -> None:
+    """Every weight redrawn, so no layer sits at its init (zero biases, unit layernorms):
+    Conv1D weights N(0, 1/fan_in), embeddings N(0, 1), biases N(0, 0.01), gains 1 + N(0, 0.01)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            fresh = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+            if name.endswith(("wte.weight", "wpe.weight")):
+                p.copy_(fresh)
+            elif p.ndim == 2:  # Conv1D (in, out)
+                p.copy_(fresh / math.sqrt(p.shape[0]))
+            elif "ln" in name and name.endswith("weight"):
+                p.copy_(1 + 0.1 * fresh)
+            else:
+                p.copy_(0.1 * fresh)
+
+
+@st.composite
+def gpt2_cases(draw) -> tuple[dict, np.ndarray, np.ndarray, int]:
+    n_head, head_width = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    B, T = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    sizes = dict(
+        vocab_size=draw(st.integers(2, 9)),
+        n_embd=n_head * head_width,
+        n_head=n_head,
+        n_layer=draw(st.integers(1, 2)),
+        n_positions=T + draw(st.integers(0, 3)),
+    )
+    seed = draw(seeds)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, sizes["vocab_size"], (B, T))
+    targets = rng.integers(0, sizes["vocab_size"], (B, T))
+    lengths = draw(st.lists(st.integers(1, T), min_size=B, max_size=B))
+    targets[np.arange(T)[None, :] >= np.array(lengths)[:, None]] = IGNORE_INDEX
+    return sizes, idx, targets, seed
+
+
+def hf_results(case: Case, idx, targets, dlogits) -> dict[str, np.ndarray]:
+    """As engine_results, from transformers: the loss by F.cross_entropy on its logits (its
+    own loss upcasts to float32)."""
+    logits = case.hf(torch.tensor(idx)).logits
+    logits.backward(torch.tensor(dlogits, dtype=logits.dtype))
+    upstream = case.hf_grads()
+    logits = case.hf(torch.tensor(idx)).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), torch.tensor(targets).flatten())
+    loss.backward()
+    grads = case.hf_grads()
+    return (
+        {"logits": logits.detach().numpy(), "loss": loss.detach().numpy()}
+        | {f"dloss/d{key}": g for key, g in grads.items()}
+        | {f"dlogits-weighted d{key}": g for key, g in upstream.items()}
+    )
+
+
+@given(case=gpt2_cases())
+@example(case=(dict(vocab_size=2, n_embd=1, n_head=1, n_layer=1, n_positions=1), [[0]], [[1]], 0))
+def test_gpt2_matches_transformers(case):
+    sizes, idx, targets, seed = case
+    idx, targets = np.asarray(idx), np.asarray(targets)
+    gpt2 = Case(sizes, seed)
+    rng = np.random.default_rng(seed)
+    dlogits = rng.standard_normal((*idx.shape, sizes["vocab_size"]))
+    ours = engine_results(gpt2.engine, (idx, targets), dlogits)
+    assert_all_close_float64("GPT2", ours, hf_results(gpt2, idx, targets, dlogits))
+    if sizes["n_embd"] >= 3:  # over 2 channels layernorm's gradients are rounding noise
+        model32, dlogits32, golden, sensitivity = float32_golden(
+            gpt2.engine, (idx, targets), dlogits, rng
+        )
+        ours32 = engine_results(model32, (idx, targets), dlogits32)
+        assert_float32_within_bound("GPT2", float32_checks(ours32, golden, sensitivity))
+
+
+def test_the_tied_head_gradient_is_the_sum_of_both_uses():
+    """wte's gradient is the head's use, dlogits^T ln_f(x), plus the embedding's, which only
+    the rows of ids in the input receive."""
+    model = Case(dict(vocab_size=7, n_embd=6, n_head=2, n_layer=1, n_positions=5), 3).engine
+    logits, cache = model.forward(np.array([[1, 2, 3, 4]]))
+    dlogits = np.random.default_rng(0).standard_normal(logits.shape)
+    both = model.backward(dlogits, cache)["tok_embed.weight"]
+    head_only = dlogits.reshape(-1, 7).T @ cache.head[0].reshape(-1, 6)  # the head's input
+    unused = [0, 5, 6]
+    np.testing.assert_allclose(both[unused], head_only[unused], rtol=1e-13, atol=0)
+    assert np.abs(head_only[unused]).min() > 1e-3
+    assert np.abs(both - head_only)[[1, 2, 3, 4]].min() > 1e-6  # the embedding's use
+
+
+SMALL = dict(vocab_size=11, n_embd=8, n_head=2, n_layer=2, n_positions=12)
+
+
+def test_kv_cached_logits_match_transformers_past_key_values():
+    case = Case(SMALL, 5)
+    prompt = np.array([[1, 7, 3], [4, 4, 9]])
+    new_ids = np.array([[2, 5, 8, 10], [0, 6, 6, 1]])  # fed one at a time
+    decoder = case.engine.decoder(prompt)
+    out = case.hf(torch.tensor(prompt), use_cache=True)
+    worst = 0.0
+    for t in range(new_ids.shape[1] + 1):
+        ours, theirs = decoder.next_logits(), out.logits[:, -1].detach().numpy()
+        worst = max(worst, np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
+        if t < new_ids.shape[1]:
+            decoder.append(new_ids[:, t])
+            out = cached_step(case.hf, torch.tensor(new_ids[:, t : t + 1]), out)
+    assert worst <= 1e-12, worst
+
+
+def cached_step(hf: GPT2LMHeadModel, ids: torch.Tensor, previous):
+    """One step through transformers' KV cache (named `cache` from 5.24, before that
+    `past_key_values`)."""
+    if "cache" in previous:
+        return hf(ids, cache=previous.cache, use_cache=True)
+    return hf(ids, past_key_values=previous.past_key_values, use_cache=True)
+
+
+def test_greedy_generation_is_token_identical_to_transformers():
+    from numpy_engine.generate import generate
+
+    case = Case(SMALL | {"eos_token_id": 3, "bos_token_id": 3}, 6)
+    prompt = np.array([[1, 7, 2, 9]])
+    ours = generate(case.engine, prompt, max_new_tokens=8)
+    theirs = case.hf.generate(
+        torch.tensor(prompt), max_new_tokens=8, do_sample=False, pad_token_id=3
+    ).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours.shape[1] > prompt.shape[1]
+
+
+def test_ten_adamw_steps_follow_torch_adamw():
+    """Fine-tuning's optimizer on the tied model (torch steps the shared wte once)."""
+    case = Case(SMALL, 7)
+    model, rng = case.engine, np.random.default_rng(7)
+    ours = AdamW(model.params, lr=1e-3, weight_decay=0.1)
+    theirs = torch.optim.AdamW(case.hf.parameters(), lr=1e-3, weight_decay=0.1)
+    for _ in range(10):
+        idx = rng.integers(0, 11, (2, 6))
+        targets = np.roll(idx, -1, axis=1)
+        _, grads = model.loss_and_grads(idx, targets)
+        ours.step(model.flat, model.flat_grads(grads))
+        logits = case.hf(torch.tensor(idx)).logits
+        F.cross_entropy(logits.flatten(0, 1), torch.tensor(targets).flatten()).backward()
+        theirs.step()
+        theirs.zero_grad()
+    state = {key: p.detach().numpy() for key, p in case.hf.named_parameters()}
+    expected = engine_params_from_hf(state, case.n_layer)
+    for key, value in model.params.items():
+        error = np.linalg.norm(value - expected[key]) / np.linalg.norm(expected[key])
+        # every tensor agrees to ~1e-16 but the key biases (1.3e-10): their true gradient is
+        # 0, and Adam divides the two engines' different rounding noise by eps
+        assert error <= 1e-9, (key, error)

@@ -1,0 +1,151 @@
+"""A random transformers GPT-2 with a trained byte-level BPE tokenizer, saved as
+save_pretrained writes it, goes through the command line: import-hf, generate (the same
+tokens as transformers' greedy generate), train lm --init (the loss falls) and --resume,
+export-hf back into from_pretrained. And each malformed directory is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.cli import main
+from numpy_engine.tasks import DEFAULT_TEXT
+
+EOT = "<|endoftext|>"
+
+
+def bpe_tokenizer(text: str) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator([text], trainer)
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("hf")
+    tokenizer = bpe_tokenizer(DEFAULT_TEXT)
+    eot = tokenizer.token_to_id(EOT)
+    config = GPT2Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        n_positions=32,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=eot,
+        eos_token_id=eot,
+    )
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).eval().save_pretrained(directory)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
+    run, tuned, back = tmp_path / "run", tmp_path / "tuned", tmp_path / "back"
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(run))[0] == 0
+
+    generate = ["generate", "--checkpoint", str(run), "--prompt", "to be", "--max-new-tokens"]
+    status, out, _ = cli(capsys, *generate, "20")
+    assert status == 0
+    tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    hf = GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    prompt = torch.tensor([tokenizer.encode("to be").ids])
+    eot = tokenizer.token_to_id(EOT)
+    expected = hf.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=eot)
+    assert out.rstrip("\n") == tokenizer.decode(expected[0].tolist(), skip_special_tokens=False)
+    assert expected.shape[1] > prompt.shape[1] + 5  # it generated, not stopped at once
+
+    text = tmp_path / "text.txt"
+    text.write_text(DEFAULT_TEXT)
+    args = ["--text", str(text), "--context", "16", "--batch-size", "4", "--lr", "3e-3"]
+    assert (
+        cli(
+            capsys,
+            "train",
+            "lm",
+            "--init",
+            str(run),
+            *args,
+            "--steps",
+            "20",
+            "--quiet",
+            "--out",
+            str(tuned),
+        )[0]
+        == 0
+    )
+    assert cli(capsys, "train", "--resume", str(tuned), "--steps", "30", "--quiet")[0] == 0
+    result = json.loads((tuned / "result.json").read_text())
+    assert result["steps"] == 30 and result["task"] == "lm"
+    assert result["final_train_loss"] < result["initial_train_loss"] - 1.0
+
+    assert cli(capsys, "export-hf", "--checkpoint", str(tuned), "--to", str(back))[0] == 0
+    reloaded, info = GPT2LMHeadModel.from_pretrained(back, output_loading_info=True)
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    ids = np.array([tokenizer.encode("that is the question").ids])
+    ours, _ = load_checkpoint(tuned).model.forward(ids)
+    theirs = reloaded.eval()(torch.tensor(ids)).logits.detach().numpy()
+    assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
+    assert (back / "tokenizer.json").read_text() == (hf_dir / "tokenizer.json").read_text()
+
+
+def spoiled(tmp_path, hf_dir, config=None, state=None):
+    """A copy of hf_dir with config.json and the weights changed as given."""
+    out = tmp_path / "spoiled"
+    out.mkdir()
+    hf_config = json.loads((hf_dir / "config.json").read_text()) | (config or {})
+    (out / "config.json").write_text(json.dumps(hf_config))
+    weights = load_file(hf_dir / "model.safetensors")
+    save_file(state(weights) if state else weights, out / "model.safetensors")
+    return out
+
+
+def without(key):
+    return lambda weights: {k: v for k, v in weights.items() if k != key}
+
+
+def reshaped(key):
+    return lambda weights: weights | {key: weights[key][:-1]}
+
+
+@pytest.mark.parametrize(
+    ("config", "state", "words"),
+    [
+        ({"model_type": "bert"}, None, "model_type is 'bert'; only gpt2"),
+        (None, without("transformer.h.1.mlp.c_fc.bias"), "missing key 'h.1.mlp.c_fc.bias'"),
+        (None, lambda w: w | {"transformer.h.0.extra": w["transformer.ln_f.bias"]}, "'h.0.extra'"),
+        (None, reshaped("transformer.ln_f.bias"), "final_norm.bias'] must have shape (16,)"),
+        ({"layer_norm_epsilon": 1e-6}, None, "layer_norm_epsilon=1e-06 is not supported"),
+    ],
+)
+def test_import_refuses_a_malformed_directory(tmp_path, capsys, hf_dir, config, state, words):
+    directory = spoiled(tmp_path, hf_dir, config, state)
+    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
+    assert status == 2 and words in err, err
+    assert not (tmp_path / "run" / "checkpoint.npz").exists()
+
+
+def test_export_refuses_a_model_that_is_not_gpt2(tmp_path, capsys):
+    run = tmp_path / "char"
+    assert cli(capsys, "train", "char-lm", "--steps", "2", "--quiet", "--out", str(run))[0] == 0
+    status, _, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(tmp_path / "x"))
+    assert status == 2 and "export-hf writes GPT-2 models; this checkpoint holds a gpt" in err
