@@ -1,0 +1,49 @@
+"""Fine-tune GPT-2 on a line of Hamlet with hand-written gradients: no autograd anywhere.
+
+Run: python examples/finetune_gpt2.py [GPT2_DIR] [TEXT_FILE]
+GPT2_DIR: a Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer.json;
+see the README for how to get the real gpt2), read as `numpy-engine import-hf` reads it
+(the hf extra). Without one, a small random GPT-2 over the text's characters is built
+here, offline, so the script always runs (about a second on one CPU core).
+"""
+
+import sys
+import tempfile
+
+import numpy as np
+
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.generate import generate
+from numpy_engine.models import GPT2, GPT2Config
+from numpy_engine.optim import AdamW, clip_grad_norm
+from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, TokenizerCorpus, read_text
+
+SEED, STEPS, BATCH_SIZE, CONTEXT = 7, 200, 8, 32
+text = read_text(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_TEXT
+
+if len(sys.argv) > 1:  # the real thing: weights and tokenizer from the directory
+    from numpy_engine.hf import import_hf
+
+    with tempfile.TemporaryDirectory() as run:
+        checkpoint = load_checkpoint(import_hf(sys.argv[1], run))
+    model, corpus = checkpoint.model, TokenizerCorpus(checkpoint.meta["tokenizer"], text)
+    lr = 1e-4
+else:  # offline: GPT-2's architecture and initialisation, a character vocabulary
+    corpus = CharCorpus(text)
+    model = GPT2(GPT2Config(vocab_size=corpus.vocab_size, max_len=CONTEXT), seed=SEED)
+    lr = 3e-3
+print(f"GPT-2 with {model.num_parameters():,} parameters; {len(corpus.ids):,} tokens of text")
+
+optimizer = AdamW(model.params, lr=lr, weight_decay=0.01)
+sampler = np.random.default_rng([SEED, 1])
+for step in range(1, STEPS + 1):
+    idx, targets = corpus.batch(sampler, BATCH_SIZE, CONTEXT)  # targets: idx shifted by one
+    loss, grads = model.loss_and_grads(idx, targets)  # wte's gradient: embedding + tied head
+    flat_grads = model.flat_grads(grads)
+    clip_grad_norm(flat_grads, max_norm=1.0)
+    optimizer.step(model.flat, flat_grads)
+    if step == 1 or step % 40 == 0:
+        print(f"step {step:3d}  loss {loss:.4f}", flush=True)
+
+prompt = corpus.encode(text[:6])
+print("greedy:", repr(corpus.decode(generate(model, prompt, max_new_tokens=30)[0])))
