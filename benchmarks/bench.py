@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from benchmarks import workloads
+from benchmarks import gpt2, workloads
 from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
 from benchmarks.workloads import WORKLOADS as CONFIGS
 from benchmarks.workloads import Workload, engine_step, peak_rss_mb
@@ -189,8 +189,13 @@ def table(summary: dict) -> str:
 def main(
     configs: list[str], steps: int, warmup: int, threads: int, memory: bool, json_path: str | None
 ) -> dict:
-    summary = run(configs, steps, warmup, threads, memory)
-    print(table(summary))
+    small = [name for name in configs if name in CONFIGS]
+    summary = run(small, steps, warmup, threads, memory) if small else {"configs": {}}
+    if small:
+        print(table(summary))
+    if gpt2.WORKLOAD in configs:  # against transformers, not torch_reference
+        summary[gpt2.WORKLOAD] = gpt2.run(max(3, steps // 10), threads, memory)  # ~3 s a step
+        print(gpt2.table(summary[gpt2.WORKLOAD]))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(summary, f, indent=2)

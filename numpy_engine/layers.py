@@ -62,18 +62,27 @@ def embedding_backward(dout: np.ndarray, cache: tuple) -> tuple:
     """See docs/gradients.md#embedding. Repeated ids accumulate their gradients.
 
     Returns (None, {"weight": dweight}): integer ids have no gradient."""
-    ids, weight_shape, padding_idx = cache
+    _, weight_shape, padding_idx = cache
+    unique_ids, row_grads = embedding_row_grads(dout, cache)
+    dweight = np.zeros(weight_shape, dtype=dout.dtype)
+    dweight[unique_ids] = row_grads
+    if padding_idx is not None:
+        dweight[padding_idx] = 0.0  # PyTorch's padding_idx: that row never learns
+    return None, {"weight": dweight}
+
+
+def embedding_row_grads(dout: np.ndarray, cache: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of embedding_backward's dweight that can be nonzero: (the distinct ids (U,),
+    their gradients (U, C)); padding_idx is not excluded here. For a large table whose few
+    used rows are added into another gradient (GPT-2's tied head) instead of a zero table."""
+    ids, weight_shape, _ = cache
     flat_ids = ids.reshape(-1)  # (N,)
     dout2 = dout.reshape(-1, weight_shape[1])  # (N, C)
     # `dW[ids] += g` would keep only one of a repeated id's rows: sort the ids,
     # then sum each run of equal ids in one reduceat.
     order = np.argsort(flat_ids, kind="stable")
     unique_ids, run_starts = np.unique(flat_ids[order], return_index=True)
-    dweight = np.zeros(weight_shape, dtype=dout.dtype)
-    dweight[unique_ids] = np.add.reduceat(dout2[order], run_starts, axis=0)
-    if padding_idx is not None:
-        dweight[padding_idx] = 0.0  # PyTorch's padding_idx: that row never learns
-    return None, {"weight": dweight}
+    return unique_ids, np.add.reduceat(dout2[order], run_starts, axis=0)
 
 
 # -------------------------------------------------------------------------- positions
@@ -308,3 +317,60 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray
     dlogits[rows, safe_targets] = -sum_last(dlogits)[:, 0]
     dlogits *= (dloss / n_counted) * counted[:, None]  # ignored rows get exactly 0
     return dlogits.reshape(logits_shape)
+
+
+# ------------------------------------------------------- readout and loss, fused (training)
+
+FUSED_BLOCK_ENTRIES = 1 << 18  # logits transformed together: a block stays in L2 cache
+
+
+def linear_cross_entropy(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    targets: np.ndarray,
+    ignore_index: int,
+) -> tuple:
+    """The readout and the loss fused, for training: (loss, dx, grads keyed like the readout's
+    params), the values of linear_forward -> cross_entropy_forward -> cross_entropy_backward(1)
+    -> linear_backward. The (N, V) logits exist once and become their own gradient in place,
+    a block of rows at a time; unfused, the loss holds four (N, V) arrays (for GPT-2's 50257
+    classes at batch 4 x 64, 51 MB each). See docs/gradients.md#cross-entropy."""
+    C, V = x.shape[-1], weight.shape[0]
+    x2, flat_targets = x.reshape(-1, C), targets.reshape(-1)  # (N, C), (N,)
+    counted = flat_targets != ignore_index  # (N,)
+    n_counted = int(counted.sum())
+    if n_counted == 0:
+        raise InputError(f"targets: every target equals ignore_index={ignore_index}; no loss")
+    safe_targets = np.where(counted, flat_targets, 0)
+    dlogits, _ = linear_forward(x2, weight, bias)  # (N, V): the logits, for now
+    loss_sum = 0.0
+    rows_per_block = max(1, FUSED_BLOCK_ENTRIES // V)
+    for start in range(0, len(x2), rows_per_block):
+        rows = slice(start, start + rows_per_block)
+        loss_sum += _dlogits_in_place(dlogits[rows], safe_targets[rows], counted[rows], n_counted)
+    dx = (dlogits @ weight).reshape(x.shape)  # as linear_backward
+    grads = {"weight": dlogits.T @ x2}
+    if bias is not None:
+        grads["bias"] = sum_leading(dlogits)
+    return loss_sum / n_counted, dx, grads
+
+
+def _dlogits_in_place(z: np.ndarray, targets: np.ndarray, counted: np.ndarray, n: int) -> float:
+    """Logits z (n_rows, V) -> (softmax - onehot) / n on counted rows, in place; returns the
+    block's summed loss. The same steps as cross_entropy_forward and _backward: shift by the
+    row max, log1p of the other classes' mass, the target's entry as minus the others'."""
+    r = np.arange(len(z))
+    top = z.argmax(axis=-1)
+    z -= z[r, top][:, None]  # shifted, <= 0
+    picked = z[r, targets]  # the targets' shifted logits
+    np.exp(z, out=z)
+    z[r, top] = 0.0
+    others = sum_last(z)  # (n_rows, 1): the other classes' mass
+    loss = -float(((picked - np.log1p(others[:, 0])) * counted).sum())
+    z[r, top] = 1.0
+    z /= 1.0 + others  # softmax
+    z[r, targets] = 0.0
+    z[r, targets] = -sum_last(z)[:, 0]  # p_y - 1 as minus the others' mass: no cancellation
+    z *= (1.0 / n) * counted[:, None]  # ignored rows get exactly 0
+    return loss

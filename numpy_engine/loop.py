@@ -128,6 +128,7 @@ def run_loop(
     Saves a checkpoint every checkpointing.every steps; returns the run's timing.
     """
     history, first_step, last_saved = state.history, state.step, None
+    grad_buffer = np.empty_like(state.model.flat)  # the flat gradient, reused every step
     progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
     while state.step < cfg.steps:
         step = state.step + 1
@@ -140,7 +141,8 @@ def run_loop(
             raise TrainingDiverged(
                 f"{error}; the checkpoint of step {last_saved} is intact"
             ) from None
-        flat_grads = state.model.flat_grads(grads)
+        flat_grads = state.model.flat_grads(grads, out=grad_buffer)
+        del grads  # its arrays are copied into grad_buffer; free them before the update
         grad_norm = state.optimizer.step(state.model.flat, flat_grads, max_grad_norm=cfg.clip)
         state.step = step
         history["step"].append(step)

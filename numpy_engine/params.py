@@ -58,9 +58,9 @@ def decoder_block_params(init: Init, C: int, F: int) -> dict:
     }
 
 
-def flatten(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """All arrays raveled and concatenated in key order: one vector (a new array)."""
-    return np.concatenate(list(arrays.values()), axis=None)  # axis=None ravels each
+def flatten(arrays: dict[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """All arrays raveled and concatenated in key order: one vector (new, or out)."""
+    return np.concatenate(list(arrays.values()), axis=None, out=out)  # axis=None ravels each
 
 
 def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

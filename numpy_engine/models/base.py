@@ -138,11 +138,12 @@ class Model:
         targets, ignore_index = self._targets(targets, logits)
         return float(cross_entropy_forward(logits, targets, ignore_index)[0])
 
-    def flat_grads(self, grads: dict[str, np.ndarray]) -> np.ndarray:
-        """grads as one vector laid out like self.flat, for the optimizer (a new array)."""
+    def flat_grads(self, grads: dict[str, np.ndarray], out: np.ndarray | None = None):
+        """grads as one vector laid out like self.flat, for the optimizer: a new array, or
+        written into out (shaped like self.flat; a training loop reuses one)."""
         if list(grads) != list(self.params):
             raise InputError("grads must have exactly the model's parameter keys, in order")
-        return flatten(grads)
+        return flatten(grads, out)
 
     def load_params(self, params: dict[str, np.ndarray]) -> None:
         """Copy params (which must match keys, shapes and dtypes) into this model's weights."""

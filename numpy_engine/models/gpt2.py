@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from numpy_engine.keys import with_prefix
+from numpy_engine.layers import embedding_row_grads
 from numpy_engine.models.base import register
 from numpy_engine.models.minigpt import GPTConfig, MiniGPT
 from numpy_engine.params import layernorm_params, self_block_params
@@ -80,6 +81,11 @@ class GPT2(MiniGPT):
     def _head(self) -> tuple:
         return self.params["tok_embed.weight"], None  # tied: the embedding, no bias
 
-    def _head_and_embedding_grads(self, head_grads: dict, dtok_embed: np.ndarray) -> dict:
-        # wte fed the embedding and the head
-        return {"tok_embed.weight": dtok_embed + head_grads["weight"]}
+    def _head_and_embedding_grads(self, head_grads: dict, dx: np.ndarray, tok_cache) -> dict:
+        # wte fed the embedding and the head: dwte = dwte_head + dwte_embed, where the
+        # embedding's term is nonzero only on the rows of the ids it read, so those rows are
+        # added into the head's (fresh) gradient, not a (V, C) table of zeros
+        dwte = head_grads["weight"]
+        ids, row_grads = embedding_row_grads(dx, tok_cache)
+        dwte[ids] += row_grads  # ids are distinct: no repeat is dropped
+        return {"tok_embed.weight": dwte}

@@ -23,6 +23,7 @@ from numpy_engine.layers import (
     learned_positions_backward,
     learned_positions_forward,
     linear_backward,
+    linear_cross_entropy,
     linear_forward,
 )
 from numpy_engine.models.base import (
@@ -92,6 +93,12 @@ class MiniGPT(Model):
 
     def forward(self, idx: np.ndarray) -> tuple:
         """Logits (B, T, V) for idx (B, T) int ids, T <= max_len."""
+        x, trunk = self._trunk_forward(idx)  # (B, T, C)
+        logits, head = linear_forward(x, *self._head())  # (B, T, V)
+        return logits, GPTCache(*trunk, head, logits.shape)
+
+    def _trunk_forward(self, idx: np.ndarray) -> tuple:
+        """Everything before the head: (final_norm's output (B, T, C), the first four caches)."""
         cfg, p = self.config, self.params
         idx = checks.check_token_ids("idx", idx, cfg.vocab_size)
         if idx.shape[1] > cfg.max_len:
@@ -108,29 +115,41 @@ class MiniGPT(Model):
             )
             blocks.append(block)
         x, final_norm = layernorm_forward(x, p["final_norm.weight"], p["final_norm.bias"])
-        logits, head = linear_forward(x, *self._head())  # (B, T, V)
-        return logits, GPTCache(tok_embed, pos_embed, blocks, final_norm, head, logits.shape)
+        return x, (tok_embed, pos_embed, blocks, final_norm)
 
     def _backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
         dx, head_grads = linear_backward(dlogits, cache.head)
+        return self._trunk_backward(dx, cache, head_grads)
+
+    def _trunk_backward(self, dx: np.ndarray, cache: GPTCache, head_grads: dict) -> dict:
+        """From the head's input gradient dx (B, T, C) down to the embeddings: every
+        parameter's gradient, keyed and ordered like params."""
         dx, norm_grads = layernorm_backward(dx, cache.final_norm)
         grads = with_prefix(norm_grads, "final_norm.")
         for i in reversed(range(len(cache.blocks))):
             dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
             grads |= with_prefix(block_grads, f"blocks.{i}.")
         dx, pos_grads = learned_positions_backward(dx, cache.pos_embed)
-        _, tok_grads = embedding_backward(dx, cache.tok_embed)
         grads |= with_prefix(pos_grads, "pos_embed.")
-        grads |= self._head_and_embedding_grads(head_grads, tok_grads["weight"])
+        grads |= self._head_and_embedding_grads(head_grads, dx, cache.tok_embed)
         return {key: grads[key] for key in self.params}
+
+    def _loss_and_grads(self, inputs: tuple, targets: np.ndarray) -> tuple[float, dict]:
+        """As Model's, with the head and the loss fused (layers.linear_cross_entropy): the
+        (B, T, V) logits exist once, and become their own gradient."""
+        x, trunk = self._trunk_forward(*inputs)
+        targets, ignore_index = self._targets(targets, x)
+        loss, dx, head_grads = linear_cross_entropy(x, *self._head(), targets, ignore_index)
+        return loss, self._trunk_backward(dx, GPTCache(*trunk, None, None), head_grads)
 
     def _head(self) -> tuple:
         """The output projection's (weight, bias): logits = final_norm(x) @ weight.T + bias."""
         return self.params["head.weight"], self.params["head.bias"]
 
-    def _head_and_embedding_grads(self, head_grads: dict, dtok_embed: np.ndarray) -> dict:
-        """The head's and the token embedding's gradients, keyed like params."""
-        return with_prefix(head_grads, "head.") | {"tok_embed.weight": dtok_embed}
+    def _head_and_embedding_grads(self, head_grads: dict, dx: np.ndarray, tok_cache) -> dict:
+        """The head's gradients, and the token embedding's from its output gradient dx."""
+        _, tok_grads = embedding_backward(dx, tok_cache)
+        return with_prefix(head_grads, "head.") | with_prefix(tok_grads, "tok_embed.")
 
     def loss_and_grads(
         self, idx: np.ndarray, targets: np.ndarray
@@ -141,10 +160,10 @@ class MiniGPT(Model):
     def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
         return self._loss((idx,), targets)
 
-    def _targets(self, targets: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, int]:
+    def _targets(self, targets: np.ndarray, outputs: np.ndarray) -> tuple[np.ndarray, int]:
         vocab = self.config.vocab_size
         targets = checks.check_targets(
-            "targets", targets, logits.shape[:2], vocab, IGNORE_INDEX, like="idx"
+            "targets", targets, outputs.shape[:2], vocab, IGNORE_INDEX, like="idx"
         )
         return targets, IGNORE_INDEX
 

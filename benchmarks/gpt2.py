@@ -1,0 +1,200 @@
+"""GPT-2 at its real size: the engine against Hugging Face transformers, in the same run.
+
+gpt2's sizes (124M parameters), float32, random weights shared by both, one thread:
+- a training step, batch 4 x context 64: forward, backward, clipping at 1.0, AdamW;
+  alternating after a warm-up; median ms per step and the median ratio of pairs;
+- each side's peak memory over two steps, each in a fresh process (the engine's never
+  imports torch);
+- generation, batch 1, a 64-token prompt, 64 new tokens, greedy with each side's KV cache.
+
+    numpy-engine bench --configs gpt2        (or python -m benchmarks.gpt2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.workloads import peak_rss_mb
+from numpy_engine.memory import keep_freed_memory
+from numpy_engine.models import GPT2, GPT2Config
+from numpy_engine.optim import AdamW
+
+WORKLOAD = "gpt2"  # its name for `numpy-engine bench --configs`
+BATCH, CONTEXT, LR = 4, 64, 1e-4
+PROMPT, NEW_TOKENS = 64, 64
+
+
+def engine_model() -> GPT2:
+    config = dataclasses.replace(GPT2Config.preset("gpt2"), eos_id=None)  # never stops early
+    return GPT2(config, seed=0)
+
+
+def batches(n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(n):
+        ids = rng.integers(0, 50257, (BATCH, CONTEXT + 1))
+        out.append((ids[:, :-1], ids[:, 1:]))
+    return out
+
+
+class EngineTrainer:
+    def __init__(self, model: GPT2) -> None:
+        self.model, self.optimizer = model, AdamW(model.params, lr=LR)
+        self.buffer = np.empty_like(model.flat)  # the flat gradient, reused every step
+
+    def step(self, batch) -> float:
+        loss, grads = self.model.loss_and_grads(*batch)
+        flat_grads = self.model.flat_grads(grads, out=self.buffer)
+        self.optimizer.step(self.model.flat, flat_grads, max_grad_norm=1.0)
+        return loss
+
+
+class TorchTrainer:
+    """transformers' GPT2LMHeadModel with the engine model's weights; dropout off."""
+
+    def __init__(self, model: GPT2) -> None:
+        import torch
+        from transformers import GPT2Config as HFConfig
+        from transformers import GPT2LMHeadModel
+
+        from numpy_engine.hf import hf_config_from_engine, hf_state_from_engine
+
+        self.torch = torch
+        settings = hf_config_from_engine(model.config) | {"attn_implementation": "eager"}
+        settings |= {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+        self.hf = GPT2LMHeadModel(HFConfig(**settings))
+        state = hf_state_from_engine(model.params, model.config.n_layers)
+        tensors = {key: torch.from_numpy(value.copy()) for key, value in state.items()}
+        missing, unexpected = self.hf.load_state_dict(tensors, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        self.hf.tie_weights()
+        self.optimizer = torch.optim.AdamW(self.hf.parameters(), lr=LR)
+
+    def step(self, batch) -> float:
+        torch = self.torch
+        self.optimizer.zero_grad(set_to_none=True)
+        idx, targets = (torch.from_numpy(x) for x in batch)
+        logits = self.hf(idx).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.hf.parameters(), 1.0)
+        self.optimizer.step()
+        return loss.item()
+
+
+def _timed(step, batch) -> tuple[float, float]:
+    start = time.perf_counter()
+    loss = step(batch)
+    return time.perf_counter() - start, loss
+
+
+def time_steps(steps: int) -> dict:
+    model = engine_model()
+    engine, reference = EngineTrainer(model), TorchTrainer(model)
+    data = batches(steps + 1)
+    _timed(engine.step, data[0]), _timed(reference.step, data[0])  # warm-up
+    engine_s, torch_s = [], []
+    for batch in data[1:]:
+        (e, e_loss), (t, t_loss) = _timed(engine.step, batch), _timed(reference.step, batch)
+        assert abs(e_loss - t_loss) <= 1e-3 * abs(t_loss), (e_loss, t_loss)  # the same step
+        engine_s.append(e)
+        torch_s.append(t)
+    return {
+        "engine_ms": 1e3 * statistics.median(engine_s),
+        "torch_ms": 1e3 * statistics.median(torch_s),
+        "ratio": statistics.median(e / t for e, t in zip(engine_s, torch_s, strict=True)),
+    }
+
+
+def time_generation() -> dict:
+    import torch
+
+    from numpy_engine.generate import generate
+
+    model = engine_model()
+    reference = TorchTrainer(model).hf.eval()
+    prompt = np.random.default_rng(1).integers(0, 50257, (1, PROMPT))
+    start = time.perf_counter()
+    ours = generate(model, prompt, NEW_TOKENS)
+    engine_s = time.perf_counter() - start
+    with torch.no_grad():
+        start = time.perf_counter()
+        theirs = reference.generate(
+            torch.from_numpy(prompt),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        torch_s = time.perf_counter() - start
+    return {
+        "engine_tokens_per_s": NEW_TOKENS / engine_s,
+        "torch_tokens_per_s": NEW_TOKENS / torch_s,
+        "same_tokens": bool(np.array_equal(ours, theirs.numpy())),
+    }
+
+
+def memory_probe(side: str) -> None:
+    """Print the peak RSS (MiB) of two training steps of one side, in this fresh process."""
+    keep_freed_memory()
+    model = engine_model()
+    trainer = EngineTrainer(model) if side == "engine" else TorchTrainer(model)
+    if side == "torch":
+        del model  # the process keeps only torch's copy of the weights
+    for batch in batches(2):
+        trainer.step(batch)
+    print(peak_rss_mb())
+
+
+def peak_memory_mb(side: str, threads: int) -> float:
+    env = os.environ | {v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    code = f"from benchmarks.gpt2 import memory_probe; memory_probe({side!r})"
+    if side == "torch":
+        code = f"import torch; torch.set_num_threads({threads}); {code}"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(steps: int, threads: int, memory: bool) -> dict:
+    """Every GPT-2 measurement, as one dict (benchmarks/bench.py prints it with the others)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    keep_freed_memory()
+    torch.set_num_threads(threads)
+    with threadpool_limits(threads):
+        result = time_steps(steps) | time_generation()
+    if memory:
+        result["engine_peak_mb"] = peak_memory_mb("engine", threads)
+        result["torch_peak_mb"] = peak_memory_mb("torch", threads)
+    return result
+
+
+def table(r: dict) -> str:
+    memory = ""
+    if "engine_peak_mb" in r:
+        memory = (
+            f"; peak memory engine {r['engine_peak_mb']:.0f} MB, torch {r['torch_peak_mb']:.0f} MB"
+        )
+    same = "the same tokens" if r["same_tokens"] else "DIFFERENT tokens"
+    return (
+        f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}): engine {r['engine_ms']:.0f} ms, "
+        f"transformers {r['torch_ms']:.0f} ms a training step, ratio {r['ratio']:.2f}{memory}\n"
+        f"gpt2 generation ({PROMPT}-token prompt, {NEW_TOKENS} new, greedy, KV cache): engine "
+        f"{r['engine_tokens_per_s']:.1f} tokens/s, transformers {r['torch_tokens_per_s']:.1f} "
+        f"tokens/s, {same}"
+    )
+
+
+if __name__ == "__main__":
+    print(table(run(steps=int(sys.argv[1]) if len(sys.argv) > 1 else 4, threads=1, memory=True)))
