@@ -159,6 +159,7 @@ class Adam(Optimizer):
 
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+    (computed block by block, each block while it is in cache; see _update_block)
     weight_decay here is L2 (added to g), as torch.optim.Adam; AdamW decouples it.
     """
 
@@ -199,10 +200,12 @@ class Adam(Optimizer):
         tmp *= grad
         v *= beta2
         v += tmp
-        step_size = self.lr / (1 - beta1**self.step_count)
-        np.sqrt(v, out=tmp)  # denom = sqrt(v) / sqrt(1 - b2^t) + eps
-        tmp /= math.sqrt(1 - beta2**self.step_count)  # Python floats keep float32 float32
-        tmp += self.eps
+        # p -= lr / c1 * m / (sqrt(v) / c2 + eps), c1 = 1 - b1^t, c2 = sqrt(1 - b2^t), as
+        # p -= (lr c2 / c1) * m / (sqrt(v) + eps c2): the same value, one pass fewer
+        c2 = math.sqrt(1 - beta2**self.step_count)
+        step_size = self.lr * c2 / (1 - beta1**self.step_count)
+        np.sqrt(v, out=tmp)
+        tmp += self.eps * c2  # Python floats keep float32 float32
         np.divide(m, tmp, out=tmp)
         tmp *= step_size
         param -= tmp

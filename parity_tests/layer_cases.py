@@ -63,17 +63,16 @@ def named(names: tuple[str, ...], grads: tuple) -> dict:
 # ------------------------------------------------------------------------------ layers
 
 
-def linear(rng, B, T, c_in, c_out) -> LayerCase:
-    inputs = {
-        "x": normal(rng, B, T, c_in),
-        **randomized(P.linear_params(np.zeros, c_out, c_in), rng),
-    }
+def linear(rng, B, T, c_in, c_out, bias: bool = True) -> LayerCase:
+    params = randomized(P.linear_params(np.zeros, c_out, c_in), rng)
+    if not bias:  # as GPT-2's tied head
+        del params["bias"]
     return LayerCase(
-        "linear",
-        inputs,
-        lambda i: L.linear_forward(i["x"], i["weight"], i["bias"]),
+        "linear" if bias else "linear without bias",
+        {"x": normal(rng, B, T, c_in), **params},
+        lambda i: L.linear_forward(i["x"], i["weight"], i.get("bias")),
         gradients(L.linear_backward, "x"),
-        lambda t: F.linear(t["x"], t["weight"], t["bias"]),
+        lambda t: F.linear(t["x"], t["weight"], t.get("bias")),
     )
 
 

@@ -8,12 +8,14 @@ layer's case is built in layer_cases.py.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from numpy_engine import layers as L
 from parity_tests import layer_cases as cases
 from parity_tests.helpers import (
+    assert_all_close_float64,
     assert_matches_finite_differences,
     assert_matches_torch,
     check_layer,
@@ -34,6 +36,29 @@ def rng_of(seed: int) -> np.random.Generator:
 def test_linear(B, T, c_in, c_out, seed):
     rng = rng_of(seed)
     check_layer(cases.linear(rng, B, T, c_in, c_out), rng)
+    check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
+
+
+@given(B=small, T=small, C=small, V=st.integers(2, 9), bias=st.booleans(), seed=seeds)
+def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, seed):
+    """linear_cross_entropy against linear -> cross-entropy -> their backwards, float64; with
+    a block of 2 rows, so the blocks and their edges are exercised."""
+    rng = rng_of(seed)
+    x, weight = rng.standard_normal((B, T, C)), rng.standard_normal((V, C))
+    b = rng.standard_normal(V) if bias else None
+    targets = rng.integers(0, V, (B, T))
+    targets[rng.random((B, T)) < 0.3] = -100
+    targets[0, 0] = 1  # at least one counted
+    logits, linear_cache = L.linear_forward(x, weight, b)
+    loss, ce_cache = L.cross_entropy_forward(logits, targets, -100)
+    dx, grads = L.linear_backward(L.cross_entropy_backward(1.0, ce_cache), linear_cache)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(L, "FUSED_BLOCK_ENTRIES", 2 * V)
+        fused_loss, fused_dx, fused_grads = L.linear_cross_entropy(x, weight, b, targets, -100)
+    assert abs(fused_loss - loss) <= 1e-13 * abs(loss)
+    assert_all_close_float64(
+        "fused readout and loss", {"x": fused_dx} | fused_grads, {"x": dx} | grads
+    )
 
 
 @given(B=small, T=st.integers(1, 6), V=st.integers(2, 6), C=small, seed=seeds)
