@@ -6,6 +6,7 @@ export-hf back into from_pretrained. And each malformed directory is refused by 
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -149,3 +150,10 @@ def test_export_refuses_a_model_that_is_not_gpt2(tmp_path, capsys):
     assert cli(capsys, "train", "char-lm", "--steps", "2", "--quiet", "--out", str(run))[0] == 0
     status, _, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(tmp_path / "x"))
     assert status == 2 and "export-hf writes GPT-2 models; this checkpoint holds a gpt" in err
+
+
+def test_without_the_hf_extra_the_commands_name_it(tmp_path, capsys, hf_dir, monkeypatch):
+    for name in ("safetensors", "safetensors.numpy"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import safetensors` now fails
+    status, _, err = cli(capsys, "import-hf", str(hf_dir), "--out", str(tmp_path / "run"))
+    assert status == 2 and "needs the hf extra: pip install -e '.[hf]'" in err, err
