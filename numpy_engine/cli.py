@@ -108,6 +108,20 @@ def add_train_command(commands) -> None:
         help="with --out: also draw DIR/loss.png (needs the plot extra)",
     )
     train.add_argument("--quiet", action="store_true", help="no progress lines")
+    train.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="under mpiexec -n N: each of the N ranks computes the gradient of its share of "
+        "every batch, one Allreduce sums them (exactly one process's training with the whole "
+        "batch); rank 0 prints and writes. Needs the mpi extra",
+    )
+    train.add_argument(
+        "--accumulate",
+        type=positive_int,
+        metavar="K",
+        help="cut each batch (each rank's share) into K micro-batches whose gradients are "
+        "summed before one update: the same training, less memory (default: 1)",
+    )
     train.set_defaults(run=run_train)
 
 
@@ -171,10 +185,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from numpy_engine.parallel import DataParallel, process_group, run_as_rank
+
+    group = process_group(args.data_parallel)  # refuses ranks without --data-parallel
+    if not args.data_parallel and args.accumulate is None:
+        return _run_train(args, None)
+    parallel = DataParallel(group, args.accumulate or 1)
+    return run_as_rank(parallel, lambda: _run_train(args, parallel), "train")
+
+
+def _run_train(args: argparse.Namespace, parallel) -> int:
     from numpy_engine import train
     from numpy_engine.memory import keep_freed_memory
 
-    stream = None if args.quiet else sys.stderr
+    root = parallel is None or parallel.is_root  # the one rank that prints and writes
+    stream = None if args.quiet or not root else sys.stderr
     if args.plot:
         from numpy_engine.plots import check_matplotlib
 
@@ -189,12 +214,15 @@ def run_train(args: argparse.Namespace) -> int:
         if args.task:
             raise InputError("--resume continues a saved run: give no TASK with it")
         _check_resume_flags(args, given)
-        run = train.resume(args.resume, stream, args.checkpoint_every, given.get("steps"))
+        steps = given.get("steps")
+        run = train.resume(args.resume, stream, args.checkpoint_every, steps, parallel)
         out = args.resume
     else:
         if not args.task:
             raise InputError(f"give a TASK ({', '.join(REFERENCE_RUNS)}) or --resume DIR")
-        run, out = _train_new(args, given, stream), args.out
+        run, out = _train_new(args, given, stream, parallel), args.out
+    if not root:
+        return 0
     if out:
         train.save_run(run, out)
         run.result["out"] = str(out)
@@ -229,7 +257,7 @@ def _check_resume_flags(args: argparse.Namespace, given: dict) -> None:
             raise InputError(f"{_flag(name)} does not apply to the run in {args.resume}")
 
 
-def _train_new(args: argparse.Namespace, given: dict, stream):
+def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     from numpy_engine import train
     from numpy_engine.tasks import read_text
 
@@ -241,7 +269,7 @@ def _train_new(args: argparse.Namespace, given: dict, stream):
     if args.checkpoint_every:
         checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every)
     text = read_text(args.text) if args.text else None
-    return train.run_task(cfg, text, stream, checkpointing)
+    return train.run_task(cfg, text, stream, checkpointing, parallel=parallel)
 
 
 def run_generate(args: argparse.Namespace) -> int:

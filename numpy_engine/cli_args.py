@@ -68,8 +68,6 @@ def run_command(args: argparse.Namespace) -> int:
     """args.run(args), with each kind of failure as one line on stderr and its exit status:
     2 for the user's input (InputError) or a file, 1 for a run that stopped (divergence,
     memory, numerics). Anything else is a bug in the engine, and surfaces as a traceback."""
-    from numpy_engine.train import TrainingDiverged
-
     try:
         # an overflow or a division by zero is an error with a message, never a raw warning;
         # invalid operations are silent (OpenBLAS can flag them spuriously) and a real NaN is
@@ -79,13 +77,28 @@ def run_command(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (InputError, OSError) as error:  # the user's input or files: a message, exit 2
-        print(f"numpy-engine {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except TrainingDiverged as error:  # the last checkpoint is intact
-        print(f"numpy-engine {args.command}: stopped: {error}", file=sys.stderr)
-        return 1
-    except (MemoryError, FloatingPointError) as error:
+    except Exception as error:
+        message, status = failure(args.command, error)
+        if status is None:
+            raise  # an engine bug: its traceback
+        if message:
+            print(message, file=sys.stderr)
+        return status
+
+
+def failure(command: str, error: BaseException) -> tuple[str | None, int | None]:
+    """(the one line to print, the exit status) for an expected kind of failure; (None,
+    None) for anything else, a bug."""
+    from numpy_engine.parallel import PeerStopped
+    from numpy_engine.train import TrainingDiverged
+
+    if isinstance(error, PeerStopped):  # another rank failed and said why
+        return None, error.status
+    if isinstance(error, InputError | OSError):  # the user's input or files
+        return f"numpy-engine {command}: error: {error}", 2
+    if isinstance(error, TrainingDiverged):  # the last checkpoint is intact
+        return f"numpy-engine {command}: stopped: {error}", 1
+    if isinstance(error, MemoryError | FloatingPointError):
         kind = "out of memory" if isinstance(error, MemoryError) else "numerical error"
-        print(f"numpy-engine {args.command}: stopped: {kind}: {error}", file=sys.stderr)
-        return 1
+        return f"numpy-engine {command}: stopped: {kind}: {error}", 1
+    return None, None

@@ -18,6 +18,7 @@ from numpy_engine.checks import InputError
 from numpy_engine.memory import check_fits
 from numpy_engine.models import Model
 from numpy_engine.optim import Optimizer
+from numpy_engine.params import unflatten
 
 
 @dataclass
@@ -93,7 +94,7 @@ def check_finite(step: int, loss: float, grads: dict[str, np.ndarray]) -> None:
             )
 
 
-def _loss_and_grads(state: TrainState, step: int, next_batch: Callable) -> tuple:
+def guarded_loss_and_grads(model, step: int, batch: tuple) -> tuple:
     """One batch's loss and gradients; an overflow or a division by zero anywhere in them is
     TrainingDiverged, naming the step and the largest parameter (a value past float's range
     can hide in a finite loss: an infinite variance makes layernorm's output 0)."""
@@ -102,9 +103,9 @@ def _loss_and_grads(state: TrainState, step: int, next_batch: Callable) -> tuple
         # here on small float32 matmuls); a real NaN reaches the loss or a gradient, where
         # check_finite reports it
         with np.errstate(over="raise", invalid="ignore", divide="raise"):
-            return state.model.loss_and_grads(*next_batch(state.sampler))
+            loss, grads = model.loss_and_grads(*batch)
     except FloatingPointError as error:
-        params = state.model.params
+        params = model.params
         largest = max(params, key=lambda key: float(np.max(np.abs(params[key]))))
         size = float(np.max(np.abs(params[largest])))
         raise TrainingDiverged(
@@ -112,6 +113,22 @@ def _loss_and_grads(state: TrainState, step: int, next_batch: Callable) -> tuple
             f"{largest!r} (|max| {size:.3g}): the learning rate may be too large; "
             "stopped before updating"
         ) from None
+    check_finite(step, loss, grads)
+    return loss, grads
+
+
+def step_gradient(state: TrainState, step: int, batch: tuple, parallel, out: np.ndarray):
+    """(loss, the flat gradient) of one optimizer step: directly, or (DataParallel) over ranks
+    and micro-batches, checked finite either way."""
+    model = state.model
+    if parallel is None or parallel.plain:
+        loss, grads = guarded_loss_and_grads(model, step, batch)
+        return loss, model.flat_grads(grads, out=out)
+    loss, flat_grads = parallel.gradient(
+        model, batch, lambda micro: guarded_loss_and_grads(model, step, micro)
+    )
+    check_finite(step, loss, unflatten(flat_grads, model.params))  # NaN summed in from a rank
+    return loss, flat_grads
 
 
 def run_loop(
@@ -122,27 +139,33 @@ def run_loop(
     progress_stream: TextIO | None,
     checkpointing: Checkpointing | None,
     meta: Callable[[TrainState], dict],
+    parallel=None,
 ) -> dict:
     """Steps state.step + 1 .. cfg.steps: batch, gradients, guard, clip, update, record.
 
-    Saves a checkpoint every checkpointing.every steps; returns the run's timing.
+    Saves a checkpoint every checkpointing.every steps; returns the run's timing. parallel
+    (parallel.DataParallel): the gradient over ranks and micro-batches; only its root rank
+    prints progress and writes checkpoints.
     """
+    if parallel is not None and not parallel.is_root:
+        progress_stream = checkpointing = None
+    if parallel is not None:
+        parallel.group.broadcast(state.model.flat)  # rank 0's weights on every rank
     history, first_step, last_saved = state.history, state.step, None
     grad_buffer = np.empty_like(state.model.flat)  # the flat gradient, reused every step
     progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
     while state.step < cfg.steps:
         step = state.step + 1
         try:
-            loss, grads = _loss_and_grads(state, step, next_batch)
-            check_finite(step, loss, grads)
+            loss, flat_grads = step_gradient(
+                state, step, next_batch(state.sampler), parallel, grad_buffer
+            )
         except TrainingDiverged as error:
             if last_saved is None:
                 raise
             raise TrainingDiverged(
                 f"{error}; the checkpoint of step {last_saved} is intact"
             ) from None
-        flat_grads = state.model.flat_grads(grads, out=grad_buffer)
-        del grads  # its arrays are copied into grad_buffer; free them before the update
         grad_norm = state.optimizer.step(state.model.flat, flat_grads, max_grad_norm=cfg.clip)
         state.step = step
         history["step"].append(step)

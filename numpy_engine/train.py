@@ -34,6 +34,7 @@ from numpy_engine.loop import (
     run_meta,
 )
 from numpy_engine.models import Seq2SeqConfig, Seq2SeqTransformer, model_class
+from numpy_engine.parallel import DataParallel
 from numpy_engine.tasks import (
     DEFAULT_TEXT,
     EOS,
@@ -79,8 +80,10 @@ def train_sequence_task(
     progress_stream: TextIO | None = sys.stderr,
     checkpointing: Checkpointing | None = None,
     state: TrainState | None = None,
+    parallel: DataParallel | None = None,
 ) -> TrainRun:
-    """Train (or, given a state from a checkpoint, continue training) the copy/reverse model."""
+    """Train (or, given a state from a checkpoint, continue training) the copy/reverse model;
+    parallel: over MPI ranks and/or in micro-batches (numpy_engine/parallel.py)."""
     check_run_config(cfg)
     task = sequence_task(cfg.task, seed=cfg.seed)
     model_cfg = state.model.config if state else model_config or Seq2SeqConfig()
@@ -106,7 +109,9 @@ def train_sequence_task(
     def meta(state):
         return run_meta(cfg.task, cfg, state)
 
-    timing = run_loop(state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta)
+    timing = run_loop(
+        state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
+    )
     final = state.history["eval"][-1]
     generated = greedy_decode(state.model, task.test.source[:3], task.test.target.shape[1])
     examples = [
@@ -143,6 +148,7 @@ def train_char_lm(
     checkpointing: Checkpointing | None = None,
     state: TrainState | None = None,
     codec: dict | None = None,
+    parallel: DataParallel | None = None,
 ) -> TrainRun:
     """Train a model that continues a prompt on text: from scratch (cfg.model, MiniGPT by
     default, over the text's characters), from the checkpoint in cfg.init (its weights and
@@ -173,7 +179,7 @@ def train_char_lm(
     def meta(state):
         return run_meta(cfg.task, cfg, state, **corpus.codec(), text=text)
 
-    timing = run_loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta)
+    timing = run_loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta, parallel)
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
     sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
     result = {
@@ -215,6 +221,7 @@ def resume(
     progress_stream: TextIO | None = sys.stderr,
     checkpoint_every: int | None = None,
     steps: int | None = None,
+    parallel: DataParallel | None = None,
 ) -> TrainRun:
     """Continue the run whose checkpoint is in out_dir, to its configured number of steps, or
     to `steps` (more than it has done): the same parameters, bit for bit, as a run asked for
@@ -240,7 +247,7 @@ def resume(
     optimizer = cfg.optimizer(model.params)
     optimizer.load_state_dict(checkpoint.optimizer_state)
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
-    return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta)
+    return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta, parallel)
 
 
 def _train_config(out_dir, meta: dict):
@@ -260,11 +267,12 @@ def run_task(
     checkpointing: Checkpointing | None = None,
     state: TrainState | None = None,
     codec: dict | None = None,
+    parallel: DataParallel | None = None,
 ) -> TrainRun:
     """Train (or continue) the run cfg describes: a sequence task, or a language model on
     text (DEFAULT_TEXT when None; codec: see train_char_lm)."""
     if isinstance(cfg, CharTrainConfig):
-        return train_char_lm(cfg, text, progress_stream, checkpointing, state, codec)
+        return train_char_lm(cfg, text, progress_stream, checkpointing, state, codec, parallel)
     if text is not None:
         raise InputError(f"--text is for language-model tasks (char-lm), not {cfg.task}")
-    return train_sequence_task(cfg, None, progress_stream, checkpointing, state)
+    return train_sequence_task(cfg, None, progress_stream, checkpointing, state, parallel)

@@ -81,6 +81,9 @@ class Bigram(Model):
     def loss(self, idx, targets):
         return self._loss((idx,), targets)
 
+    def ignore_index(self):
+        return IGNORE_INDEX
+
     def _targets(self, targets, logits):
         vocab = self.config.vocab_size
         checked = checks.check_targets(

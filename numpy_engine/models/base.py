@@ -83,6 +83,10 @@ class Model:
         """The checked targets (B, T), and the id they ignore."""
         raise NotImplementedError
 
+    def ignore_index(self) -> int:
+        """The target id that counts for nothing in the loss (padding)."""
+        raise NotImplementedError
+
     # loss_and_grads(*inputs, targets) and loss(*inputs, targets), with the forward's input
     # names: each kind spells them out and calls _loss_and_grads / _loss.
 
@@ -137,6 +141,10 @@ class Model:
         logits, _ = self.forward(*inputs)
         targets, ignore_index = self._targets(targets, logits)
         return float(cross_entropy_forward(logits, targets, ignore_index)[0])
+
+    def count_targets(self, targets: np.ndarray) -> int:
+        """How many of a batch's targets count in its loss: the mean's denominator."""
+        return int((np.asarray(targets) != self.ignore_index()).sum())
 
     def flat_grads(self, grads: dict[str, np.ndarray], out: np.ndarray | None = None):
         """grads as one vector laid out like self.flat, for the optimizer: a new array, or

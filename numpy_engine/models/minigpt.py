@@ -160,6 +160,9 @@ class MiniGPT(Model):
     def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
         return self._loss((idx,), targets)
 
+    def ignore_index(self) -> int:
+        return IGNORE_INDEX
+
     def _targets(self, targets: np.ndarray, outputs: np.ndarray) -> tuple[np.ndarray, int]:
         vocab = self.config.vocab_size
         targets = checks.check_targets(

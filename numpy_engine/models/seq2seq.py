@@ -219,6 +219,9 @@ class Seq2SeqTransformer(Model):
         )
         return target, cfg.pad_id
 
+    def ignore_index(self) -> int:
+        return self.config.pad_id
+
     def check_source(self, source: np.ndarray) -> np.ndarray:
         source = checks.check_token_ids("source", source, self.config.vocab_size)
         all_padding = (source == self.config.pad_id).all(axis=1)

@@ -1,0 +1,171 @@
+"""Data-parallel training over MPI, and gradient accumulation (the mpi extra: mpi4py, mpich).
+
+Every rank draws the same global batch from the same sampler and takes its share of the
+rows; with accumulate = K its share is cut into K micro-batches. loss_and_grads gives a
+micro-batch's mean over its n counted targets, so n times it is the sum. One Allreduce per
+step adds [n x gradient ..., n, n x loss, failures] over the ranks, and every rank divides
+by the global count: the exact mean over the global batch whatever the padding on each
+rank (docs/gradients.md#data-parallel), the same vector on every rank, the same update.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from numpy_engine.checks import InputError
+
+RANK_COUNT_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")  # set by mpiexec (MPICH, Open MPI)
+
+
+class PeerStopped(RuntimeError):
+    """Another rank failed and said why; this one stops with it, quietly, with status."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class OneProcess:
+    """The group of a run that is not data-parallel: reductions are the identity."""
+
+    rank, size = 0, 1
+
+    def allreduce_sum(self, buffer: np.ndarray) -> None:
+        pass
+
+    def broadcast(self, array: np.ndarray) -> None:
+        pass
+
+    def abort(self, code: int) -> None:
+        pass
+
+
+class MPIGroup(OneProcess):
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def allreduce_sum(self, buffer: np.ndarray) -> None:
+        self.comm.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
+
+    def broadcast(self, array: np.ndarray) -> None:
+        self.comm.Bcast(array, root=0)
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)  # ends every rank: nobody is left waiting in a collective
+
+
+def launched_ranks() -> int:
+    """How many processes mpiexec started (1 when not under mpiexec)."""
+    return max(int(os.environ.get(name, "1")) for name in RANK_COUNT_VARIABLES)
+
+
+def launched_rank() -> int:
+    """This process's rank as mpiexec numbered it (0 when not under mpiexec)."""
+    return max(int(os.environ.get(name, "0")) for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"))
+
+
+def process_group(data_parallel: bool) -> OneProcess:
+    if not data_parallel:
+        if launched_ranks() > 1:
+            if launched_rank() > 0:
+                raise PeerStopped("refused by rank 0", status=2)  # one line, from rank 0
+            raise InputError(
+                f"{launched_ranks()} ranks were launched without --data-parallel: each would "
+                "train the same run and overwrite the others' checkpoints"
+            )
+        return OneProcess()
+    try:
+        return MPIGroup()
+    except ImportError:
+        raise InputError("--data-parallel needs the mpi extra: pip install -e '.[mpi]'") from None
+
+
+@dataclass
+class DataParallel:
+    """How one optimizer step's gradient is computed: over group's ranks, in accumulate
+    micro-batches on each."""
+
+    group: OneProcess
+    accumulate: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int):
+            raise InputError(f"accumulate must be a positive int, got {self.accumulate!r}")
+        if self.accumulate < 1:
+            raise InputError(f"accumulate must be a positive int, got {self.accumulate}")
+
+    @property
+    def is_root(self) -> bool:
+        return self.group.rank == 0
+
+    @property
+    def plain(self) -> bool:
+        """One process, one batch: the loop's direct path, no scaling or reduction."""
+        return self.group.size == 1 and self.accumulate == 1
+
+    def share(self, batch: tuple) -> list[tuple]:
+        """This rank's rows of the global batch (B, ...) arrays, cut into micro-batches."""
+        rows = np.array_split(np.arange(len(batch[0])), self.group.size)[self.group.rank]
+        parts = np.array_split(rows, self.accumulate)
+        return [tuple(array[part] for array in batch) for part in parts if len(part)]
+
+    def gradient(self, model, batch: tuple, local_step) -> tuple[float, np.ndarray]:
+        """(the global mean loss, the global mean gradient as a flat vector) of one step.
+        local_step(micro_batch) -> (loss, grads) is the loop's guarded loss_and_grads."""
+        P = model.flat.size
+        reduced = np.zeros(P + 3, dtype=model.flat.dtype)  # [n g ..., n, n loss, failures]
+        failure = None
+        try:
+            for micro in self.share(batch):
+                n = model.count_targets(micro[-1])
+                if n == 0:
+                    continue  # a share with no counted target adds nothing
+                loss, grads = local_step(micro)
+                flat = model.flat_grads(grads)
+                flat *= n
+                reduced[:P] += flat
+                reduced[P] += n
+                reduced[P + 1] += loss * n
+        except Exception as error:  # any: the other ranks must not wait for this one
+            failure, reduced[P + 2] = error, 1
+            error.on_this_rank_only = True  # the others stop with PeerStopped, quietly
+        self.group.allreduce_sum(reduced)
+        if failure is not None:
+            raise failure
+        if reduced[P + 2] > 0:
+            raise PeerStopped("another rank stopped this step")
+        count = reduced[P]
+        if count == 0:
+            raise InputError("every target of the global batch is ignored: no loss")
+        grads = reduced[:P]
+        grads /= count
+        return float(reduced[P + 1] / count), grads
+
+
+def run_as_rank(parallel: DataParallel, body, command: str) -> int:
+    """body() on this rank of a data-parallel run, so that an error ends every rank with one
+    message: a failure inside a step's gradient is raised where it happened and the other
+    ranks stop quietly (PeerStopped); any other error is said by rank 0 (or by the rank it
+    happened on alone), and then MPI_Abort ends every rank, so none waits in a collective."""
+    from numpy_engine.cli_args import failure
+
+    try:
+        return body()
+    except PeerStopped:
+        raise
+    except Exception as error:
+        if getattr(error, "on_this_rank_only", False) or parallel.group.size == 1:
+            raise  # the others are stopping too: the usual message and status
+        message, status = failure(command, error)
+        if parallel.is_root:
+            print(message or f"numpy-engine {command}: rank 0: {error!r}", file=sys.stderr)
+        sys.stderr.flush()
+        parallel.group.abort(status or 1)
+        raise

@@ -1,0 +1,108 @@
+"""Runs for the data-parallel tests, started by test_parallel.py under `mpiexec -n N`:
+
+python -m parity_tests.mpi_runs gpt|copy OUT.npz [K]
+    float64, 10 steps (AdamW with clipping on MiniGPT, Adam on the copy model), padded
+    batches whose ignored targets fall unevenly on the ranks, K micro-batches a step; OUT
+    gets the final parameters and whether every rank held the same bits after every step
+python -m parity_tests.mpi_runs nan
+    train char-lm --data-parallel, with a NaN loss on rank 1 from its third step on
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import numpy as np
+
+import numpy_engine as ne
+from numpy_engine.configs import CharTrainConfig, SequenceTrainConfig
+from numpy_engine.loop import TrainState, run_loop
+from numpy_engine.parallel import DataParallel, MPIGroup, OneProcess
+from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, sequence_task
+
+STEPS = 10
+
+
+def gpt_run():
+    corpus = CharCorpus(DEFAULT_TEXT)
+    config = ne.GPTConfig(vocab_size=corpus.vocab_size, n_layers=2, max_len=16, dtype="float64")
+    model = ne.MiniGPT(config, seed=3)
+    cfg = CharTrainConfig(steps=STEPS, batch_size=8, context=16, lr=3e-3, clip=0.5)
+
+    def next_batch(sampler):
+        idx, targets = corpus.batch(sampler, 8, 16)
+        targets = targets.copy()
+        targets[1, 5:] = -100  # rank 0's share: one row half ignored
+        targets[5:, 3:] = -100  # rank 1's share: three rows mostly ignored
+        return idx, targets
+
+    return model, cfg, next_batch
+
+
+def copy_run():
+    task = sequence_task("copy", seed=7)
+    model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(dtype="float64"), seed=7)
+    cfg = SequenceTrainConfig(steps=STEPS, batch_size=6)
+
+    def next_batch(sampler):  # 1-3 symbols a row: padding varies across the shares
+        return task.train.take(sampler.integers(0, len(task.train), size=6))
+
+    return model, cfg, next_batch
+
+
+def train(scenario: str, parallel: DataParallel | None) -> tuple[np.ndarray, list[str]]:
+    """The final flat parameters, and a hash of them after every step."""
+    model, cfg, next_batch = {"gpt": gpt_run, "copy": copy_run}[scenario]()
+    optimizer = cfg.optimizer(model.params)
+    hashes = []
+    step = optimizer.step
+
+    def step_and_hash(*args, **kwargs):
+        norm = step(*args, **kwargs)
+        hashes.append(hashlib.sha256(model.flat.tobytes()).hexdigest())
+        return norm
+
+    optimizer.step = step_and_hash
+    history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+    state = TrainState(model, optimizer, np.random.default_rng([7, 1]), 0, history)
+    run_loop(state, cfg, next_batch, None, None, None, lambda s: {}, parallel)
+    return model.flat.copy(), hashes
+
+
+def nan_on_rank_1() -> int:
+    """train char-lm --data-parallel, rank 1's loss NaN from its third micro-batch on."""
+    from numpy_engine.cli import main as cli_main
+    from numpy_engine.parallel import launched_rank
+
+    if launched_rank() == 1:
+        calls = {"n": 0}
+        loss_and_grads = ne.MiniGPT.loss_and_grads
+
+        def poisoned(self, idx, targets):
+            calls["n"] += 1
+            loss, grads = loss_and_grads(self, idx, targets)
+            return (float("nan") if calls["n"] >= 3 else loss), grads
+
+        ne.MiniGPT.loss_and_grads = poisoned
+    return cli_main(["train", "char-lm", "--data-parallel", "--steps", "20", "--quiet"])
+
+
+def main(argv: list[str]) -> int:
+    scenario = argv[0]
+    if scenario == "nan":
+        return nan_on_rank_1()
+    out, accumulate = argv[1], int(argv[2]) if len(argv) > 2 else 1
+    from numpy_engine.parallel import launched_ranks
+
+    group = MPIGroup() if launched_ranks() > 1 else OneProcess()
+    flat, hashes = train(scenario, DataParallel(group, accumulate))
+    every_rank = group.comm.gather(hashes, root=0) if group.size > 1 else [hashes]
+    if group.rank == 0:
+        same = all(h == every_rank[0] for h in every_rank)
+        np.savez(out, flat=flat, same_on_every_rank=same, ranks=group.size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

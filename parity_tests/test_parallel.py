@@ -1,0 +1,118 @@
+"""Data-parallel training over MPI is exactly one process's training with the whole batch.
+
+Every MPI run is a subprocess under `mpiexec -n 2` (mpich from the test extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.checks import InputError
+from parity_tests.mpi_runs import train
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
+
+
+def mpiexec(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    command = [MPIEXEC, "-n", str(n), sys.executable, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def cli(*args: str) -> list[str]:
+    return ["-m", "numpy_engine", *args]
+
+
+@pytest.mark.parametrize("scenario", ["gpt", "copy"])
+def test_two_ranks_train_what_one_process_trains_with_the_whole_batch(tmp_path, scenario):
+    out = tmp_path / "two.npz"
+    result = mpiexec(2, "-m", "parity_tests.mpi_runs", scenario, str(out))
+    assert result.returncode == 0, result.stderr
+    two = np.load(out)
+    one, _ = train(scenario, None)
+    error = np.linalg.norm(two["flat"] - one) / np.linalg.norm(one)
+    assert int(two["ranks"]) == 2 and error <= 1e-12, error
+    assert bool(two["same_on_every_rank"])  # bit for bit, after every step
+
+
+@pytest.mark.parametrize("accumulate", [4, 3])
+def test_accumulated_micro_batches_train_what_one_batch_trains(accumulate):
+    from numpy_engine.parallel import DataParallel, OneProcess
+
+    one, _ = train("gpt", None)
+    accumulated, _ = train("gpt", DataParallel(OneProcess(), accumulate))
+    assert np.linalg.norm(accumulated - one) <= 1e-12 * np.linalg.norm(one)
+
+
+def test_a_nan_on_rank_1_stops_both_ranks_with_one_message():
+    start = time.monotonic()
+    result = mpiexec(2, "-m", "parity_tests.mpi_runs", "nan", timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("the loss is nan") == 1, result.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    args = ["train", "char-lm", "--data-parallel", "--quiet", "--batch-size", "8"]
+    runner = [MPIEXEC, "-n", "2", sys.executable, *cli(*args, "--steps", "400")]
+    runner += ["--out", str(killed), "--checkpoint-every", "10"]
+    process = subprocess.Popen(runner, cwd=ROOT, start_new_session=True)
+    checkpoint = killed / "checkpoint.npz"
+    deadline = time.monotonic() + 60
+    while not checkpoint.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)  # every rank, mid-run
+    process.wait()
+    saved = load_checkpoint(killed).meta["step"]
+    assert 10 <= saved < 400
+    steps = str(saved + 10)
+    resumed = mpiexec(
+        2, *cli("train", "--resume", str(killed), "--steps", steps, "--data-parallel", "--quiet")
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    result = mpiexec(2, *cli(*args, "--steps", steps, "--out", str(whole)))
+    assert result.returncode == 0, result.stderr
+    a, b = load_checkpoint(killed).model.flat, load_checkpoint(whole).model.flat
+    assert np.array_equal(a, b)
+    assert json.loads((killed / "result.json").read_text())["steps"] == int(steps)
+
+
+def test_a_run_resumes_on_a_different_number_of_ranks(tmp_path):
+    run = tmp_path / "run"
+    started = mpiexec(
+        2, *cli("train", "copy", "--data-parallel", "--steps", "20", "--quiet", "--out", str(run))
+    )
+    assert started.returncode == 0, started.stderr
+    alone = subprocess.run(
+        [sys.executable, *cli("train", "--resume", str(run), "--steps", "30", "--quiet")],
+        capture_output=True,
+        text=True,
+    )
+    assert alone.returncode == 0, alone.stderr
+    assert load_checkpoint(run).meta["step"] == 30
+
+
+def test_ranks_without_data_parallel_are_refused_with_one_line(tmp_path):
+    result = mpiexec(2, *cli("train", "copy", "--steps", "5", "--out", str(tmp_path / "x")))
+    assert result.returncode != 0
+    assert result.stderr.count("2 ranks were launched without --data-parallel") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_data_parallel_without_the_mpi_extra_names_it(monkeypatch):
+    from numpy_engine.parallel import process_group
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # `import mpi4py` now fails
+    with pytest.raises(InputError, match=r"needs the mpi extra: pip install -e '\.\[mpi\]'"):
+        process_group(True)
