@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from numpy_engine.checks import InputError
 from numpy_engine.cli_args import add_checkpoint_argument, positive_int, run_command
 from numpy_engine.models import KINDS
 
@@ -92,6 +93,12 @@ def add_bench_command(commands) -> None:
         "--threads", type=positive_int, default=1, help="BLAS and torch threads (default: 1)"
     )
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    bench.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="instead, for char-lm and large: steps/s of the engine on 1 and 2 MPI ranks and "
+        "of PyTorch DDP on 2 processes (needs the mpi extra)",
+    )
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench.set_defaults(run=run_bench)
 
@@ -99,6 +106,14 @@ def add_bench_command(commands) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from benchmarks.bench import main as bench_main
 
+    if args.data_parallel:
+        from benchmarks import parallel
+
+        configs = [name for name in args.configs if name in parallel.CONFIGS]
+        if not configs:
+            raise InputError(f"--data-parallel measures {' and '.join(parallel.CONFIGS)}")
+        print(parallel.table(parallel.run(configs, args.steps)))
+        return 0
     bench_main(args.configs, args.steps, 3, args.threads, not args.no_memory, args.json)
     return 0
 
