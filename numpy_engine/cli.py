@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -191,7 +192,18 @@ def run_train(args: argparse.Namespace) -> int:
     if not args.data_parallel and args.accumulate is None:
         return _run_train(args, None)
     parallel = DataParallel(group, args.accumulate or 1)
+    if group.size > 1:
+        _share_the_cores(group.size)
     return run_as_rank(parallel, lambda: _run_train(args, parallel), "train")
+
+
+def _share_the_cores(ranks: int) -> None:
+    """Give each rank's BLAS cores / ranks threads: ranks on one machine each starting a
+    thread per core would oversubscribe it (measured: train char-lm on 2 ranks, 11.6 steps/s
+    against 62.6 with one thread each). threadpoolctl comes with the mpi extra."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(max(1, (os.cpu_count() or 1) // ranks))
 
 
 def _run_train(args: argparse.Namespace, parallel) -> int:

@@ -22,7 +22,7 @@ MAY_NOT_IMPORT = {
     "crosscheck": {"parity_tests"},
     "benchmarks": {"parity_tests"},
 }
-OPTIONAL_EXTRAS = {"matplotlib", "mpi4py", "safetensors", "tokenizers"}  # imported where needed
+OPTIONAL_EXTRAS = {"matplotlib", "mpi4py", "safetensors", "threadpoolctl", "tokenizers"}
 
 
 def imports(path: Path) -> tuple[set[str], set[str]]:
