@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_engine.blocking import as_rows, in_row_blocks
 from numpy_engine.checks import InputError
 from numpy_engine.keys import with_prefix
 from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
@@ -194,19 +195,23 @@ def gelu_forward(x: np.ndarray) -> tuple:
     With e = exp(-2u), 1 + tanh(u) = 2 / (1 + e), so out = x / (1 + e). tanh(u) itself rounds
     near -1 (or 1) in GELU's tails, and 1 + tanh(u) (or 1 - tanh(u), in the backward) would
     keep only the digits of that rounding: a unit whose inputs sit in a tail would get a
-    gradient of noise. Written in place on one buffer: on (B*T, F) arrays each pass over
-    memory costs about as much as the arithmetic (and x**3 would call pow, ~100x slower).
+    gradient of noise. The chain runs on blocks of rows that stay in cache (blocking.py).
     """
-    e = x * x
-    e *= -2 * _GELU_K * _GELU_A
-    e -= 2 * _GELU_K
-    e *= x  # -2u, u = k (x + a x^3) = x (k + k a x^2)
-    with np.errstate(over="ignore"):  # far in the lower tail e = inf: then out = x / inf = 0
-        np.exp(e, out=e)
-    out = e + 1.0
-    np.divide(x, out, out=out)
+    out, e = np.empty_like(x), np.empty_like(x)
+    in_row_blocks(_gelu_forward_block, (as_rows(x),), (as_rows(out), as_rows(e)))
     cache = (x, e)
     return out, cache
+
+
+def _gelu_forward_block(x, out, e) -> None:
+    np.multiply(x, x, out=e)
+    e *= -2 * _GELU_K * _GELU_A
+    e -= 2 * _GELU_K
+    e *= x  # -2u, u = k (x + a x^3) = x (k + k a x^2); x**3 would call pow, ~100x slower
+    with np.errstate(over="ignore"):  # far in the lower tail e = inf: then out = x / inf = 0
+        np.exp(e, out=e)
+    np.add(e, 1.0, out=out)
+    np.divide(x, out, out=out)
 
 
 def gelu_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
@@ -214,22 +219,27 @@ def gelu_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
     (1 + t) (0.5 + (1 - t) 0.5 x k (1 + 3 a x^2)) since 1 - t^2 = (1 + t)(1 - t), with
     1 + t = 2 / (1 + e) and 1 - t = 2 / (1 + 1/e), each accurate in both tails."""
     x, e = cache
-    inner = x * x
+    dx, inner = np.empty_like(x), np.empty_like(x)
+    rows = (as_rows(dout), as_rows(x), as_rows(e))
+    in_row_blocks(_gelu_backward_block, rows, (as_rows(dx), as_rows(inner)))
+    return dx
+
+
+def _gelu_backward_block(dout, x, e, dx, inner) -> None:
+    np.multiply(x, x, out=inner)
     inner *= 1.5 * _GELU_K * _GELU_A
     inner += 0.5 * _GELU_K
     inner *= x  # 0.5 x k (1 + 3 a x^2)
     with np.errstate(divide="ignore"):  # e = 0 far in the upper tail: 1/e = inf, 1 - t = 0
-        one_minus_t = np.reciprocal(e)
-    one_minus_t += 1.0
-    np.divide(2.0, one_minus_t, out=one_minus_t)
-    dx = one_minus_t
+        np.reciprocal(e, out=dx)
+    dx += 1.0
+    np.divide(2.0, dx, out=dx)  # 1 - t
     dx *= inner
     dx += 0.5
     one_plus_t = np.add(e, 1.0, out=inner)  # inner is not needed again
     np.divide(2.0, one_plus_t, out=one_plus_t)
     dx *= one_plus_t
     dx *= dout
-    return dx
 
 
 ACTIVATIONS = {

@@ -195,3 +195,20 @@ def test_self_attention_block(B, widths, T, F_, kind, causal, seed):
 def test_decoder_block(B, widths, T, S, F_, kind, seed):
     rng = rng_of(seed)
     check_layer(cases.decoder_block(rng, B, *widths, T, S, F_, kind), rng)
+
+
+def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
+    """GELU's chains run in row blocks on arrays past blocking.WHOLE_BYTES: forced here onto
+    blocks of 3 rows of an array of 10 (a short last block), the same bits as whole."""
+    from numpy_engine import blocking
+
+    rng = rng_of(0)
+    x = (3 * rng.standard_normal((2, 5, 7))).astype(np.float32)
+    dout = rng.standard_normal(x.shape).astype(np.float32)
+    whole, cache = L.gelu_forward(x)
+    whole_dx = L.gelu_backward(dout, cache)
+    monkeypatch.setattr(blocking, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(blocking, "BLOCK_BYTES", 3 * 7 * 4)
+    blocked, cache = L.gelu_forward(x)
+    assert np.array_equal(blocked, whole)
+    assert np.array_equal(L.gelu_backward(dout, cache), whole_dx)
