@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from numpy_engine.checks import InputError
 
 RANK_COUNT_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")  # set by mpiexec (MPICH, Open MPI)
+ABORT_GRACE_SECONDS = 1.0
 
 
 class PeerStopped(RuntimeError):
@@ -164,8 +166,14 @@ def run_as_rank(parallel: DataParallel, body, command: str) -> int:
         if getattr(error, "on_this_rank_only", False) or parallel.group.size == 1:
             raise  # the others are stopping too: the usual message and status
         message, status = failure(command, error)
-        if parallel.is_root:
-            print(message or f"numpy-engine {command}: rank 0: {error!r}", file=sys.stderr)
+        if not parallel.is_root:
+            # the same error on rank 0 (bad flags, a missing file: every rank meets it) ends
+            # this rank in rank 0's Abort, with rank 0's message; one met here alone is said
+            # after this grace, by this rank
+            time.sleep(ABORT_GRACE_SECONDS)
+        message = message or f"numpy-engine {command}: {error!r}"
+        where = "" if parallel.is_root else f" (on rank {parallel.group.rank} alone)"
+        print(message + where, file=sys.stderr)
         sys.stderr.flush()
         parallel.group.abort(status or 1)
-        raise
+        os._exit(status or 1)  # MPICH's Abort can return to its caller: never run on

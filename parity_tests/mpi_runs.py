@@ -88,10 +88,32 @@ def nan_on_rank_1() -> int:
     return cli_main(["train", "char-lm", "--data-parallel", "--steps", "20", "--quiet"])
 
 
+def disk_full_on_rank_0(out: str) -> int:
+    from numpy_engine import loop
+    from numpy_engine.cli import main as cli_main
+    from numpy_engine.parallel import launched_rank
+
+    if launched_rank() == 0:
+        writes = {"n": 0}
+        save = loop.save_checkpoint
+
+        def failing(*args, **kwargs):
+            writes["n"] += 1
+            if writes["n"] == 2:
+                raise OSError(28, "No space left on device")
+            return save(*args, **kwargs)
+
+        loop.save_checkpoint = failing
+    args = ["train", "char-lm", "--data-parallel", "--steps", "200", "--quiet", "--out", out]
+    return cli_main([*args, "--checkpoint-every", "5"])
+
+
 def main(argv: list[str]) -> int:
     scenario = argv[0]
     if scenario == "nan":
         return nan_on_rank_1()
+    if scenario == "disk-full":
+        return disk_full_on_rank_0(argv[1])
     out, accumulate = argv[1], int(argv[2]) if len(argv) > 2 else 1
     from numpy_engine.parallel import launched_ranks
 

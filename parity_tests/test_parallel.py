@@ -62,6 +62,17 @@ def test_a_nan_on_rank_1_stops_both_ranks_with_one_message():
     assert time.monotonic() - start < 30
 
 
+def test_an_error_on_rank_0_alone_ends_every_rank(tmp_path):
+    """Rank 0's checkpoint write fails while rank 1 waits in the next step's Allreduce:
+    MPI_Abort ends both, with rank 0's one message; the first checkpoint is intact."""
+    start = time.monotonic()
+    result = mpiexec(2, "-m", "parity_tests.mpi_runs", "disk-full", str(tmp_path), timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.count("No space left on device") == 1, result.stderr
+    assert time.monotonic() - start < 30
+    assert load_checkpoint(tmp_path).meta["step"] == 5
+
+
 def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     args = ["train", "char-lm", "--data-parallel", "--quiet", "--batch-size", "8"]
