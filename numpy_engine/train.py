@@ -159,11 +159,10 @@ def train_char_lm(
     model = None if state is None else state.model
     if state is None and cfg.init is not None:
         start = load_checkpoint(cfg.init)
+        _continuing_text(type(start.model))
         model, codec = start.model, start.meta
     corpus = corpus_from_meta(codec, text) if codec else CharCorpus(text)
     model = model or _new_language_model(cfg, corpus.vocab_size)
-    if not model.continues_prompt:
-        raise InputError(f"a {model.kind} model reads a source: it cannot learn to continue text")
     if cfg.context > model.config.max_len:
         raise InputError(f"context={cfg.context} is longer than the model's {model.config.max_len}")
     what = f"batch_size={cfg.batch_size} with context={cfg.context}"
@@ -199,8 +198,14 @@ def train_char_lm(
 
 
 def _new_language_model(cfg: CharTrainConfig, vocab_size: int):
-    kind = model_class(cfg.model)
+    kind = _continuing_text(model_class(cfg.model))
     return kind(kind.config_class(vocab_size, max_len=cfg.context), seed=cfg.seed)
+
+
+def _continuing_text(kind: type) -> type:
+    if not kind.continues_prompt:
+        raise InputError(f"a {kind.kind} model reads a source: it cannot learn to continue text")
+    return kind
 
 
 # ------------------------------------------------------------------- files, resume
