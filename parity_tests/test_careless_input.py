@@ -57,6 +57,11 @@ def test_resume_with_more_steps_extends_the_run_bit_for_bit(tmp_path, short_copy
     assert a.meta["history"]["train_loss"] == b.meta["history"]["train_loss"]
 
 
+def test_fine_tuning_a_model_that_reads_a_source_is_refused(short_copy):
+    result = run_cli("train", "lm", "--init", str(short_copy), "--steps", "2")
+    assert_refused(result, "a seq2seq model reads a source: it cannot learn to continue text")
+
+
 def test_resume_of_a_finished_run_says_so(short_copy):
     assert_refused(run_cli("train", "--resume", str(short_copy)), "30 steps of 30", "--steps")
     assert_refused(run_cli("train", "--resume", str(short_copy), "--steps", "20"), "30 steps")
