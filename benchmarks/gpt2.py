@@ -58,24 +58,16 @@ class EngineTrainer:
 
 
 class TorchTrainer:
-    """transformers' GPT2LMHeadModel with the engine model's weights; dropout off."""
+    """transformers' GPT2LMHeadModel with the engine model's weights (crosscheck's GPT-2
+    twin; dropout off)."""
 
     def __init__(self, model: GPT2) -> None:
         import torch
-        from transformers import GPT2Config as HFConfig
-        from transformers import GPT2LMHeadModel
 
-        from numpy_engine.hf import hf_config_from_engine, hf_state_from_engine
+        from crosscheck.hf_twin import GPT2Twin
 
         self.torch = torch
-        settings = hf_config_from_engine(model.config) | {"attn_implementation": "eager"}
-        settings |= {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-        self.hf = GPT2LMHeadModel(HFConfig(**settings))
-        state = hf_state_from_engine(model.params, model.config.n_layers)
-        tensors = {key: torch.from_numpy(value.copy()) for key, value in state.items()}
-        missing, unexpected = self.hf.load_state_dict(tensors, strict=False)
-        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-        self.hf.tie_weights()
+        self.hf = GPT2Twin(model).hf
         self.optimizer = torch.optim.AdamW(self.hf.parameters(), lr=LR)
 
     def step(self, batch) -> float:

@@ -18,6 +18,7 @@ from numpy_engine.models import Model
 from torch_reference import models as torch_models
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+GPT2_TWIN = "transformers.GPT2LMHeadModel"  # a torch_twin outside torch_reference
 
 
 def torch_model_for(engine_model: Model) -> nn.Module:
@@ -25,6 +26,10 @@ def torch_model_for(engine_model: Model) -> nn.Module:
     torch_twin): same config, dtype and weights."""
     if engine_model.torch_twin is None:
         raise InputError(f"a {engine_model.kind} model has no PyTorch twin in torch_reference")
+    if engine_model.torch_twin == GPT2_TWIN:  # transformers' model, not torch_reference's
+        from crosscheck.hf_twin import GPT2Twin
+
+        return GPT2Twin(engine_model)
     twin = getattr(torch_models, engine_model.torch_twin)
     config = dataclasses.asdict(engine_model.config)
     dtype = TORCH_DTYPES[config.pop("dtype")]
@@ -61,11 +66,13 @@ def params_from_torch(module: nn.Module) -> dict[str, np.ndarray]:
 
 
 def grads_from_torch(module: nn.Module) -> dict[str, np.ndarray]:
-    """Each parameter's .grad as an array; a parameter autograd never reached gets zeros."""
-    return {
+    """Each parameter's .grad as an array keyed like the engine's params; a parameter
+    autograd never reached gets zeros. A twin whose names differ (GPT2Twin) renames them."""
+    grads = {
         name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy().copy()
         for name, p in module.named_parameters()
     }
+    return module.engine_named(grads) if hasattr(module, "engine_named") else grads
 
 
 def tensor(array: np.ndarray) -> torch.Tensor:

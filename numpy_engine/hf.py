@@ -136,7 +136,7 @@ def config_from_hf(hf: dict, dtype: str) -> GPT2Config:
 
 
 def hf_config_from_engine(cfg: GPT2Config) -> dict:
-    eos = 50256 if cfg.eos_id is None else cfg.eos_id  # transformers' default when unset
+    eos = cfg.eos_id  # None: no end-of-text token (transformers accepts None, not out-of-range)
     return {
         "model_type": HF_MODEL_TYPE,
         "architectures": ["GPT2LMHeadModel"],

@@ -17,15 +17,15 @@ from crosscheck.cli import main  # in-process, so that monkeypatch reaches the e
 from numpy_engine.layers import layernorm_backward
 
 
-@pytest.mark.parametrize("model", ["seq2seq", "gpt"])
+@pytest.mark.parametrize("model", ["seq2seq", "gpt", "gpt2"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_parity_report_passes_and_lists_every_tensor(model, dtype, capsys):
     assert main(["parity", "--model", model, "--dtype", dtype, "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    expected_tensors = {"seq2seq": 51, "gpt": 56}[model]  # params + logits + loss
+    expected_tensors = {"seq2seq": 51, "gpt": 56, "gpt2": 38}[model]  # params + logits + loss
     assert f"{expected_tensors} tensors compared, 0 failed ({model}, {dtype}, seed 3)" in out
     assert out.count("  pass") == expected_tensors
-    assert "readout.weight" in out or "head.weight" in out
+    assert "readout.weight" in out or "head.weight" in out or "tok_embed.weight" in out
 
 
 def _layernorm_backward_without_mean_term(dout, cache):

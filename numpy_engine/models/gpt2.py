@@ -55,7 +55,7 @@ class GPT2(MiniGPT):
 
     kind = "gpt2"
     config_class = GPT2Config
-    torch_twin = None  # checked against transformers' GPT2LMHeadModel (parity_tests/test_gpt2.py)
+    torch_twin = "transformers.GPT2LMHeadModel"  # crosscheck/hf_twin.py; parity_tests/test_gpt2.py
 
     @staticmethod
     def _init_params(cfg: GPT2Config, rng: np.random.Generator) -> dict:
