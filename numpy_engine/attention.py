@@ -85,10 +85,13 @@ def softmax_backward(dweights: np.ndarray, weights: np.ndarray) -> np.ndarray:
     dscores = dweights
     dscores -= dot_last(dweights, weights)  # in place: dweights is not needed again
     dscores *= weights
-    top = weights.argmax(axis=-1)[..., None]  # (..., 1) the dominant weight of each row
-    np.put_along_axis(dscores, top, 0.0, axis=-1)
-    np.put_along_axis(dscores, top, -sum_last(dscores), axis=-1)
-    return dscores
+    T = weights.shape[-1]
+    rows = dscores.reshape(-1, T)  # (N, T): one index per row, not np.put_along_axis's
+    top = weights.reshape(-1, T).argmax(axis=-1)  # (N,) the dominant weight of each row
+    r = np.arange(len(rows))
+    rows[r, top] = 0.0
+    rows[r, top] = -sum_last(rows)[:, 0]
+    return rows.reshape(dscores.shape)
 
 
 class AttentionCache(NamedTuple):
