@@ -180,15 +180,22 @@ class Adam(Optimizer):
         m, v = self.flat_state["exp_avg"], self.flat_state["exp_avg_sq"]
         scratch = np.empty((2, min(BLOCK, param.size)), param.dtype)  # no per-block allocation
         coef = None if coef is None else grad.dtype.type(coef)
+        # p -= lr / c1 * m / (sqrt(v) / c2 + eps), c1 = 1 - b1^t, c2 = sqrt(1 - b2^t), as
+        # p -= (lr c2 / c1) * m / (sqrt(v) + eps c2): the same value, one pass fewer
+        beta1, beta2 = self.betas
+        c2 = math.sqrt(1 - beta2**self.step_count)
+        step = (self.lr * c2 / (1 - beta1**self.step_count), self.eps * c2)
         for block in blocks(param.size):
             n = block.stop - block.start
             if coef is not None:
                 grad[block] *= coef  # clipping, while the block is in cache
-            self._update_block(param[block], grad[block], m[block], v[block], scratch[:, :n])
+            self._update_block(param[block], grad[block], m[block], v[block], scratch[:, :n], step)
 
-    def _update_block(self, param, grad, m, v, scratch) -> None:
-        """The update on one block, in place, in torch's order of operations."""
+    def _update_block(self, param, grad, m, v, scratch, step) -> None:
+        """The update on one block, in place, in torch's order of operations; step is
+        (step size, eps) with the bias corrections folded in (see _update)."""
         beta1, beta2 = self.betas
+        step_size, eps = step
         tmp, decayed = scratch
         if self.weight_decay:  # L2: grad + weight_decay * param
             np.multiply(param, self.weight_decay, out=decayed)
@@ -200,12 +207,8 @@ class Adam(Optimizer):
         tmp *= grad
         v *= beta2
         v += tmp
-        # p -= lr / c1 * m / (sqrt(v) / c2 + eps), c1 = 1 - b1^t, c2 = sqrt(1 - b2^t), as
-        # p -= (lr c2 / c1) * m / (sqrt(v) + eps c2): the same value, one pass fewer
-        c2 = math.sqrt(1 - beta2**self.step_count)
-        step_size = self.lr * c2 / (1 - beta1**self.step_count)
         np.sqrt(v, out=tmp)
-        tmp += self.eps * c2  # Python floats keep float32 float32
+        tmp += eps  # Python floats keep float32 float32
         np.divide(m, tmp, out=tmp)
         tmp *= step_size
         param -= tmp
@@ -225,6 +228,6 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay=0.0)
         self.decoupled_weight_decay = weight_decay
 
-    def _update_block(self, param, grad, m, v, scratch) -> None:
+    def _update_block(self, param, grad, m, v, scratch, step) -> None:
         param *= 1 - self.lr * self.decoupled_weight_decay
-        super()._update_block(param, grad, m, v, scratch)
+        super()._update_block(param, grad, m, v, scratch, step)

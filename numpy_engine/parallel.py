@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -96,6 +96,7 @@ class DataParallel:
 
     group: OneProcess
     accumulate: int = 1
+    _kept: tuple = field(default=(), init=False, repr=False)  # see _buffers
 
     def __post_init__(self) -> None:
         if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int):
@@ -112,6 +113,14 @@ class DataParallel:
         """One process, one batch: the loop's direct path, no scaling or reduction."""
         return self.group.size == 1 and self.accumulate == 1
 
+    def _buffers(self, size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """(the reduced vector, size + 3; one micro-batch's flat gradient), made once and
+        reused every step: a step of GPT-2 would otherwise fault in 1 GB of fresh pages."""
+        kept = self._kept
+        if not kept or kept[1].size != size or kept[1].dtype != dtype:
+            self._kept = (np.empty(size + 3, dtype), np.empty(size, dtype))
+        return self._kept
+
     def share(self, batch: tuple) -> list[tuple]:
         """This rank's rows of the global batch (B, ...) arrays, cut into micro-batches."""
         rows = np.array_split(np.arange(len(batch[0])), self.group.size)[self.group.rank]
@@ -122,7 +131,8 @@ class DataParallel:
         """(the global mean loss, the global mean gradient as a flat vector) of one step.
         local_step(micro_batch) -> (loss, grads) is the loop's guarded loss_and_grads."""
         P = model.flat.size
-        reduced = np.zeros(P + 3, dtype=model.flat.dtype)  # [n g ..., n, n loss, failures]
+        reduced, flat = self._buffers(P, model.flat.dtype)
+        reduced[...] = 0.0  # [n g ..., n, n loss, failures]
         failure = None
         try:
             for micro in self.share(batch):
@@ -130,7 +140,7 @@ class DataParallel:
                 if n == 0:
                     continue  # a share with no counted target adds nothing
                 loss, grads = local_step(micro)
-                flat = model.flat_grads(grads)
+                model.flat_grads(grads, out=flat)
                 flat *= n
                 reduced[:P] += flat
                 reduced[P] += n

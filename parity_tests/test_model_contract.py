@@ -86,10 +86,9 @@ class Bigram(Model):
 
     def _targets(self, targets, logits):
         vocab = self.config.vocab_size
-        checked = checks.check_targets(
+        return checks.check_targets(
             "targets", targets, logits.shape[:2], vocab, IGNORE_INDEX, like="idx"
         )
-        return checked, IGNORE_INDEX
 
     def decoder(self, prompt, use_cache=True):
         return RerunDecoder(self, prompt)  # nothing to cache

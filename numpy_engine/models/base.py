@@ -79,8 +79,8 @@ class Model:
         """Gradients keyed (and ordered) like self.params."""
         raise NotImplementedError
 
-    def _targets(self, targets: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, int]:
-        """The checked targets (B, T), and the id they ignore."""
+    def _targets(self, targets: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """The checked targets (B, T); ignore_index() marks the ones that do not count."""
         raise NotImplementedError
 
     def ignore_index(self) -> int:
@@ -132,15 +132,15 @@ class Model:
         """Mean cross-entropy over the targets that count, and its gradient for every
         parameter."""
         logits, cache = self.forward(*inputs)
-        targets, ignore_index = self._targets(targets, logits)
-        loss, ce_cache = cross_entropy_forward(logits, targets, ignore_index)
+        targets = self._targets(targets, logits)
+        loss, ce_cache = cross_entropy_forward(logits, targets, self.ignore_index())
         dlogits = cross_entropy_backward(1.0, ce_cache)
         return float(loss), self._backward(dlogits, cache)  # a NaN loss flows on, for the caller
 
     def _loss(self, inputs: tuple, targets: np.ndarray) -> float:
         logits, _ = self.forward(*inputs)
-        targets, ignore_index = self._targets(targets, logits)
-        return float(cross_entropy_forward(logits, targets, ignore_index)[0])
+        targets = self._targets(targets, logits)
+        return float(cross_entropy_forward(logits, targets, self.ignore_index())[0])
 
     def count_targets(self, targets: np.ndarray) -> int:
         """How many of a batch's targets count in its loss: the mean's denominator."""

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numpy_engine.keys import with_prefix
 from numpy_engine.layers import embedding_row_grads
 from numpy_engine.models.base import register
-from numpy_engine.models.minigpt import GPTConfig, MiniGPT
-from numpy_engine.params import layernorm_params, self_block_params
+from numpy_engine.models.minigpt import GPTConfig, MiniGPT, trunk_params
 
 # The sizes of the released checkpoints (Hugging Face's config.json for each)
 PRESETS = {
@@ -62,20 +60,10 @@ class GPT2(MiniGPT):
         """GPT-2's: N(0, 0.02) weights and embeddings, zero biases, unit layernorms; the two
         projections that write into the residual stream N(0, 0.02 / sqrt(2 n_layers))."""
 
-        def init(shape):
-            return rng.normal(0.0, 0.02, shape)
-
-        C, F = cfg.d_model, cfg.d_ff
-        params = {
-            "tok_embed.weight": init((cfg.vocab_size, C)),
-            "pos_embed.weight": init((cfg.max_len, C)),
-        }
+        params = trunk_params(cfg, rng)  # MiniGPT's, drawn in the same order
         for i in range(cfg.n_layers):
-            block = self_block_params(init, C, F)
             for key in RESIDUAL_PROJECTIONS:
-                block[key] /= math.sqrt(2 * cfg.n_layers)
-            params.update(with_prefix(block, f"blocks.{i}."))
-        params.update(with_prefix(layernorm_params(C), "final_norm."))
+                params[f"blocks.{i}.{key}"] /= math.sqrt(2 * cfg.n_layers)
         return params
 
     def _head(self) -> tuple:

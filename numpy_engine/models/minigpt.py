@@ -55,6 +55,23 @@ class GPTConfig:
             raise InputError(f"eos_id={self.eos_id} must be in [0, vocab_size={self.vocab_size})")
 
 
+def trunk_params(cfg: GPTConfig, rng: np.random.Generator) -> dict:
+    """Everything but the head: embeddings N(0, 0.02), blocks' weight matrices N(0, 0.02),
+    zero biases, unit layernorms, in the order the forward uses them."""
+
+    def init(shape):
+        return rng.normal(0.0, 0.02, shape)
+
+    C, F = cfg.d_model, cfg.d_ff
+    params = {
+        "tok_embed.weight": init((cfg.vocab_size, C)),
+        "pos_embed.weight": init((cfg.max_len, C)),
+    }
+    for i in range(cfg.n_layers):
+        params.update(with_prefix(self_block_params(init, C, F), f"blocks.{i}."))
+    return params | with_prefix(layernorm_params(C), "final_norm.")
+
+
 class GPTCache(NamedTuple):
     tok_embed: tuple
     pos_embed: tuple
@@ -76,29 +93,21 @@ class MiniGPT(Model):
     @staticmethod
     def _init_params(cfg: GPTConfig, rng: np.random.Generator) -> dict:
         """N(0, 0.02) for embeddings and weight matrices, as GPT-2; zero biases."""
-
-        def init(shape):
-            return rng.normal(0.0, 0.02, shape)
-
-        C, F = cfg.d_model, cfg.d_ff
-        params = {
-            "tok_embed.weight": init((cfg.vocab_size, C)),
-            "pos_embed.weight": init((cfg.max_len, C)),
-        }
-        for i in range(cfg.n_layers):
-            params.update(with_prefix(self_block_params(init, C, F), f"blocks.{i}."))
-        params.update(with_prefix(layernorm_params(C), "final_norm."))
-        params.update(with_prefix(linear_params(init, cfg.vocab_size, C), "head."))
-        return params
+        params = trunk_params(cfg, rng)
+        head = linear_params(
+            lambda shape: rng.normal(0.0, 0.02, shape), cfg.vocab_size, cfg.d_model
+        )
+        return params | with_prefix(head, "head.")
 
     def forward(self, idx: np.ndarray) -> tuple:
         """Logits (B, T, V) for idx (B, T) int ids, T <= max_len."""
-        x, trunk = self._trunk_forward(idx)  # (B, T, C)
+        x, cache = self._trunk_forward(idx)  # (B, T, C)
         logits, head = linear_forward(x, *self._head())  # (B, T, V)
-        return logits, GPTCache(*trunk, head, logits.shape)
+        return logits, cache._replace(head=head, logits_shape=logits.shape)
 
     def _trunk_forward(self, idx: np.ndarray) -> tuple:
-        """Everything before the head: (final_norm's output (B, T, C), the first four caches)."""
+        """Everything before the head: (final_norm's output (B, T, C), its GPTCache, whose
+        head fields are still None)."""
         cfg, p = self.config, self.params
         idx = checks.check_token_ids("idx", idx, cfg.vocab_size)
         if idx.shape[1] > cfg.max_len:
@@ -115,7 +124,7 @@ class MiniGPT(Model):
             )
             blocks.append(block)
         x, final_norm = layernorm_forward(x, p["final_norm.weight"], p["final_norm.bias"])
-        return x, (tok_embed, pos_embed, blocks, final_norm)
+        return x, GPTCache(tok_embed, pos_embed, blocks, final_norm, None, None)
 
     def _backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
         dx, head_grads = linear_backward(dlogits, cache.head)
@@ -137,10 +146,10 @@ class MiniGPT(Model):
     def _loss_and_grads(self, inputs: tuple, targets: np.ndarray) -> tuple[float, dict]:
         """As Model's, with the head and the loss fused (layers.linear_cross_entropy): the
         (B, T, V) logits exist once, and become their own gradient."""
-        x, trunk = self._trunk_forward(*inputs)
-        targets, ignore_index = self._targets(targets, x)
-        loss, dx, head_grads = linear_cross_entropy(x, *self._head(), targets, ignore_index)
-        return loss, self._trunk_backward(dx, GPTCache(*trunk, None, None), head_grads)
+        x, cache = self._trunk_forward(*inputs)
+        targets = self._targets(targets, x)
+        loss, dx, head_grads = linear_cross_entropy(x, *self._head(), targets, self.ignore_index())
+        return loss, self._trunk_backward(dx, cache, head_grads)
 
     def _head(self) -> tuple:
         """The output projection's (weight, bias): logits = final_norm(x) @ weight.T + bias."""
@@ -163,12 +172,11 @@ class MiniGPT(Model):
     def ignore_index(self) -> int:
         return IGNORE_INDEX
 
-    def _targets(self, targets: np.ndarray, outputs: np.ndarray) -> tuple[np.ndarray, int]:
+    def _targets(self, targets: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         vocab = self.config.vocab_size
-        targets = checks.check_targets(
+        return checks.check_targets(
             "targets", targets, outputs.shape[:2], vocab, IGNORE_INDEX, like="idx"
         )
-        return targets, IGNORE_INDEX
 
     # ------------------------------------------------------------- decoding, study
 

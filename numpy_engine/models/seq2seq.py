@@ -212,12 +212,11 @@ class Seq2SeqTransformer(Model):
     def loss(self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray) -> float:
         return self._loss((source, decoder_input), target)
 
-    def _targets(self, target: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, int]:
+    def _targets(self, target: np.ndarray, logits: np.ndarray) -> np.ndarray:
         cfg = self.config
-        target = checks.check_targets(
+        return checks.check_targets(
             "target", target, logits.shape[:2], cfg.vocab_size, cfg.pad_id, like="decoder_input"
         )
-        return target, cfg.pad_id
 
     def ignore_index(self) -> int:
         return self.config.pad_id
