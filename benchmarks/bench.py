@@ -6,7 +6,8 @@ between the two after a warm-up. Reported: median milliseconds per step, the rat
 engine / torch (the median over pairs of consecutive steps), model FLOPs per step,
 achieved GFLOP/s and that as a fraction of this machine's float32 matmul peak (a large
 np.matmul, measured in the same run), the peak resident memory of each engine, each
-measured in a separate process, and for MiniGPT the step's matmuls alone in each library.
+measured in a separate process, the engine's NumPy calls per step (benchmarks/call_count.py),
+and for MiniGPT the step's matmuls alone in each library.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from benchmarks import gpt2, workloads
+from benchmarks.call_count import calls_per_step
 from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
 from benchmarks.workloads import WORKLOADS as CONFIGS
 from benchmarks.workloads import Workload, engine_step, peak_rss_mb
@@ -89,6 +91,13 @@ def time_config(cfg: Workload, steps: int, warmup: int) -> dict:
     }
 
 
+def numpy_calls(cfg: Workload) -> int:
+    """NumPy calls in one engine training step, on a model of its own (not timed)."""
+    model, optimizer, batches = workloads.build(cfg, 2)
+    engine_step(model, optimizer, batches[0])  # the first step allocates the optimizer state
+    return sum(calls_per_step(model, optimizer, batches[1], engine_step).values())
+
+
 def peak_memory_mb(config: str, engine: str, steps: int, threads: int) -> float:
     """Peak RSS of a fresh process that builds one engine's model and trains `steps` steps."""
     if engine == "engine":  # a process that never imports torch
@@ -140,6 +149,7 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
             results[name] = time_config(cfg, n, min(warmup, n))
             results[name]["steps_timed"] = n
             results[name]["engine_peak_fraction"] = results[name]["engine_gflops"] / peak
+            results[name]["numpy_calls"] = numpy_calls(cfg)
             if cfg.matmul_floor:
                 results[name] |= matmul_floor(cfg)
     if memory:
@@ -155,7 +165,7 @@ def table(summary: dict) -> str:
         f"float32, {summary['threads']} thread(s); np.matmul peak "
         f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024)",
         f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'MFLOP/step':>11} "
-        f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9}",
+        f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9} {'np calls':>9}",
     ]
     for name, r in summary["configs"].items():
         mem = (
@@ -166,7 +176,7 @@ def table(summary: dict) -> str:
         lines.append(
             f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.2f} "
             f"{r['flops_per_step'] / 1e6:>11.1f} {r['engine_gflops']:>8.2f} "
-            f"{r['engine_peak_fraction']:>8.1%} {mem}"
+            f"{r['engine_peak_fraction']:>8.1%} {mem} {r['numpy_calls']:>9}"
         )
     floors = {name: r for name, r in summary["configs"].items() if "numpy_matmul_ms" in r}
     if floors:

@@ -73,8 +73,9 @@ def add_bench_command(commands) -> None:
         help="time training steps against the PyTorch reference (needs the test extra)",
         description="Train the engine and torch_reference side by side on the same weights and "
         "batches, alternating, and print ms per step, the ratio, GFLOP/s against this machine's "
-        "matmul peak, and each engine's peak memory. Configs: copy, char-lm, large; and gpt2, "
-        "the 124M model against Hugging Face transformers (training step, memory, generation).",
+        "matmul peak, each engine's peak memory, and the engine's NumPy calls per step. Configs: "
+        "copy, char-lm, large; and gpt2, the 124M model against Hugging Face transformers "
+        "(training step, memory, generation).",
     )
     bench.add_argument(
         "--configs",

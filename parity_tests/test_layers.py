@@ -212,3 +212,29 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
     blocked, cache = L.gelu_forward(x)
     assert np.array_equal(blocked, whole)
     assert np.array_equal(L.gelu_backward(dout, cache), whole_dx)
+
+
+@pytest.mark.parametrize("mask", ["causal", "padding", "none"])
+def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, mask):
+    """Attention runs a group of batch rows at a time past attention.WHOLE_BYTES: forced here
+    onto groups of 2 rows of 5 (a short last group), the same bits as one group, weights too."""
+    from numpy_engine import attention as A
+
+    rng = rng_of(0)
+    q, k, v, dy = (rng.standard_normal((5, 3, 4, 6)).astype(np.float32) for _ in range(4))
+    ids = np.array([[1, 1, 1, 0]] * 4 + [[1, 0, 0, 0]])  # row 4 sees only its first key
+    visible = {
+        "causal": A.causal_visible(4),
+        "padding": A.padding_visible(ids, pad_id=0),
+        "none": None,
+    }[mask]
+    one_y, one_cache = A.attention_forward(q, k, v, visible)
+    one_grads = A.attention_backward(dy, one_cache)
+    monkeypatch.setattr(A, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(A, "GROUP_BYTES", 2 * 3 * 4 * 4 * 4)  # 2 batch rows of float32 scores
+    assert len(A.batch_groups((5, 3, 4, 4), 4)) == 3
+    y, cache = A.attention_forward(q, k, v, visible)
+    assert np.array_equal(y, one_y)
+    assert np.array_equal(cache.weights, one_cache.weights)
+    for grouped, whole in zip(A.attention_backward(dy, cache), one_grads, strict=True):
+        assert np.array_equal(grouped, whole)
