@@ -10,9 +10,11 @@ subclass, `Counted`, that sees every call the engine's code makes on an array:
 - every index read or write (`a[rows, top]`, `a[...] = b`).
 
 Only the outermost call counts: a NumPy function that calls ufuncs inside is one call, as
-it is one dispatch from the engine's code. Not counted: attribute reads (`.shape`, `.T`),
-`.reshape` and other methods that make views, array construction from Python (np.empty,
-np.arange with no array argument). The step is not timed: the subclass is slow.
+it is one dispatch from the engine's code. (Array methods that NumPy writes in Python, such
+as `.mean()`, are not seen themselves: they count as the ufunc calls they make.) Not
+counted: attribute reads (`.shape`, `.T`), `.reshape` and other methods that make views,
+array construction from Python (np.empty, np.arange with no array argument). The step is
+not timed: the subclass is slow.
 """
 
 from __future__ import annotations

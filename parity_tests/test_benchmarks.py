@@ -37,6 +37,7 @@ def test_train_step_benchmark_one_step_smoke(tmp_path, capsys):
         row = summary["configs"][name]
         assert row["engine_ms"] > 0 and row["torch_ms"] > 0 and row["flops_per_step"] > 0
         assert row["engine_peak_mb"] > 0 and row["torch_peak_mb"] > 0
+        assert 100 < row["numpy_calls"] < 5000  # a small model's step: hundreds of calls
     char_lm = summary["configs"]["char-lm"]
     assert char_lm["numpy_matmul_ms"] > 0 and char_lm["torch_matmul_ms"] > 0
     assert "copy" not in [line.split()[0] for line in table_after("matmuls alone", capsys)]
@@ -64,3 +65,35 @@ def test_bench_command_runs_through_numpy_engine(tmp_path, capfd):
         main(["bench", "--configs", "copy", "--steps", "1", "--no-memory", "--json", str(out)]) == 0
     )
     assert out.exists() and "copy" in capfd.readouterr().out  # printed by the child process
+
+
+def test_call_count_counts_each_call_from_the_callers_side_once():
+    """Operators, in-place operators, reductions, matmul, NumPy functions and indexing each
+    count once; np.where's inner calls do not; views and attributes do not. `.mean()`, a
+    method NumPy writes in Python, counts as the two ufunc calls it makes."""
+    import numpy as np
+
+    from benchmarks.call_count import Counted
+
+    a = np.arange(6.0).reshape(2, 3).view(Counted)
+    Counted.calls.clear()
+    b = a * 2.0  # multiply
+    b += a  # add
+    c = np.exp(b) @ a.T  # exp, matmul
+    _ = c.sum(), a.mean(axis=0)  # add.reduce, mean
+    d = np.where(a > 1, a, 0.0)  # greater, where
+    d[0, 1] = a[1, 2]  # index, index write
+    _ = a.reshape(3, 2), a.T, a.shape  # views and attributes: not calls
+    assert type(d) is Counted and type(c) is Counted
+    assert dict(Counted.calls) == {
+        "multiply.__call__": 1,
+        "add.__call__": 1,
+        "exp.__call__": 1,
+        "matmul.__call__": 1,
+        "add.reduce": 2,  # .sum() and .mean()'s
+        "divide.__call__": 1,  # .mean()'s
+        "greater.__call__": 1,
+        "where": 1,
+        "index": 1,
+        "index write": 1,
+    }
