@@ -95,7 +95,8 @@ def numpy_calls(cfg: Workload) -> int:
     """NumPy calls in one engine training step, on a model of its own (not timed)."""
     model, optimizer, batches = workloads.build(cfg, 2)
     engine_step(model, optimizer, batches[0])  # the first step allocates the optimizer state
-    return sum(calls_per_step(model, optimizer, batches[1], engine_step).values())
+    calls, _ = calls_per_step(model, optimizer, batches[1], engine_step)
+    return sum(calls.values())
 
 
 def peak_memory_mb(config: str, engine: str, steps: int, threads: int) -> float:

@@ -30,6 +30,7 @@ class Counted(np.ndarray):
     """An ndarray that counts the NumPy calls made on it (class-wide tallies)."""
 
     calls: collections.Counter = collections.Counter()
+    products: list = []  # (left shape, right shape, dtype) of each outermost matmul or np.dot
     _depth = 0  # > 0 inside a counted call: the calls it makes itself are not counted
 
     @classmethod
@@ -44,6 +45,8 @@ class Counted(np.ndarray):
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         inputs = tuple(_plain(x) for x in inputs)
+        if ufunc is np.matmul and method == "__call__":
+            Counted._note_product(*inputs)
         if out is not None:
             kwargs["out"] = tuple(_plain(x) for x in out)
         result = Counted._count(
@@ -56,7 +59,15 @@ class Counted(np.ndarray):
     def __array_function__(self, func, types, args, kwargs):
         args = tuple(_plain_nested(x) for x in args)
         kwargs = {key: _plain_nested(value) for key, value in kwargs.items()}
+        if func is np.dot:
+            Counted._note_product(*args[:2])
         return _counted(Counted._count(func.__name__, lambda: func(*args, **kwargs)))
+
+    @classmethod
+    def _note_product(cls, left, right) -> None:
+        if cls._depth == 0:
+            left, right = np.asarray(left), np.asarray(right)
+            cls.products.append((left.shape, right.shape, np.result_type(left, right)))
 
     def __getitem__(self, index):
         index = _plain_nested(index)
@@ -89,15 +100,17 @@ def _counted(result):
     return result
 
 
-def calls_per_step(model, optimizer, batch, step) -> collections.Counter:
-    """The NumPy calls of step(model, optimizer, batch), by name, on a Counted copy of the
-    model's parameter vector and of the batch (the model's own vector is put back after)."""
+def calls_per_step(model, optimizer, batch, step) -> tuple[collections.Counter, list]:
+    """The NumPy calls of step(model, optimizer, batch), by name, and its matrix products
+    (Counted.products), on a Counted copy of the model's parameter vector and of the batch
+    (the model's own vector is put back after)."""
     flat, params = model.flat, model.params
     model.flat = flat.copy().view(Counted)
     model.params = unflatten(model.flat, params)
     Counted.calls.clear()
+    Counted.products.clear()
     try:
         step(model, optimizer, tuple(np.asarray(x).view(Counted) for x in batch))
     finally:
         model.flat, model.params = flat, params
-    return collections.Counter(Counted.calls)
+    return collections.Counter(Counted.calls), list(Counted.products)

@@ -71,3 +71,22 @@ def test_softmax_last_propagates_nan_as_the_textbook_does():
 def test_keep_freed_memory_sets_glibcs_thresholds_where_there_is_glibc():
     on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert keep_freed_memory() is on_glibc  # True: glibc accepted both thresholds
+
+
+def test_softmax_backward_takes_a_single_dominant_entry_as_minus_the_others():
+    """A weight over 1/2 gets minus the sum of its row's other entries (exactly); a row whose
+    largest weight is at most 1/2, or with two over 1/2 (possible only by rounding), keeps the
+    textbook w (dw - sum(w dw)). A non-contiguous dweights gives the same result."""
+    over = np.nextafter(np.float32(0.5), np.float32(1))
+    weights = np.array(
+        [[0.9, 0.06, 0.04, 0.0], [0.3, 0.3, 0.4, 0.0], [over, over, 0.0, 0.0]], np.float32
+    )
+    dweights = np.random.default_rng(0).standard_normal(weights.shape).astype(np.float32)
+    textbook = weights * (dweights - np.vecdot(dweights, weights)[:, None])
+    got = A.softmax_backward(dweights.copy(), weights)
+    assert got[0, 0] == -(got[0, 1] + got[0, 2] + got[0, 3])
+    assert got[0, 0] != textbook[0, 0]  # the fix changed it: it is not the textbook's value
+    np.testing.assert_array_equal(got[0, 1:], textbook[0, 1:])
+    np.testing.assert_array_equal(got[1:], textbook[1:])
+    strided = np.asfortranarray(dweights)
+    np.testing.assert_array_equal(A.softmax_backward(strided, weights), got)

@@ -1,0 +1,249 @@
+"""Where a training step's time goes: the engine's by part, torch's by part, and a floor.
+
+For one workload (benchmarks/workloads.py), one thread:
+
+- **engine**: the step alone, then again with each layer function timed (its own time,
+  without the layer functions it calls): linear, attention (scores, mask, softmax,
+  weights @ v), heads (split, merge, stacking q/k/v), layernorm, activation, embedding and
+  positions, loss (readout + cross-entropy), flat gradient, optimizer (clipping + update);
+  "between layers" is the step minus all of them: the blocks' and models' Python.
+- **torch**: torch_reference's step alone, then under torch.profiler: forward, backward,
+  clipping and optimizer as regions, and the step's matmul kernels.
+- **floor**, measured here: the step's matrix products alone (the shapes the engine's step
+  multiplies, recorded by benchmarks/call_count.py, each timed on its own, best of 5), one
+  in-place pass over each product's output, one pass over each of the optimizer's four
+  vectors (parameters, gradients, two moments), and the step's NumPy calls at the cost of
+  the cheapest NumPy call. Neither engine can be faster than the products and the passes;
+  the engine, making its calls, not faster than the sum.
+
+    python -m benchmarks.where_time_goes copy char-lm large
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from benchmarks import workloads
+from benchmarks.call_count import calls_per_step
+from benchmarks.matmul_floor import best_seconds
+
+ENGINE_PARTS = {  # part: functions timed, by module
+    "linear": {"layers": ["linear_forward", "linear_backward"]},
+    "attention": {"attention": ["attention_forward", "attention_backward"]},
+    "heads": {"attention": ["split_heads", "merge_heads", "_stacked", "_unstacked"]},
+    "layernorm": {"layers": ["layernorm_forward", "layernorm_backward"]},
+    "activation": {"layers": ["gelu_forward", "gelu_backward", "relu_forward", "relu_backward"]},
+    "embedding": {
+        "layers": [
+            "embedding_forward",
+            "embedding_backward",
+            "embedding_row_grads",
+            "learned_positions_forward",
+            "learned_positions_backward",
+            "sinusoidal_forward",
+            "sinusoidal_backward",
+        ]
+    },
+    "loss": {"layers": ["linear_cross_entropy", "cross_entropy_forward", "cross_entropy_backward"]},
+}
+
+
+class PartTimer:
+    """Times wrapped functions, each part's own time (a wrapped callee's time is its own)."""
+
+    def __init__(self) -> None:
+        self.totals: collections.Counter = collections.Counter()
+        self._stack: list[float] = []  # time spent in wrapped callees, per open call
+
+    def wrap(self, part: str, fn):
+        def timed(*args, **kwargs):
+            self._stack.append(0.0)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                inner = self._stack.pop()
+                self.totals[part] += elapsed - inner
+                if self._stack:
+                    self._stack[-1] += elapsed
+
+        return timed
+
+
+def _instrument(timer: PartTimer) -> list[tuple]:
+    """Wrap every ENGINE_PARTS function wherever the engine's modules imported it, and the
+    flat gradient and the optimizer step; returns what to put back."""
+    import numpy_engine.models.base as base
+    import numpy_engine.optim as optim
+    from numpy_engine import attention, layers
+
+    sources = {"layers": layers, "attention": attention}
+    originals = {}
+    for part, by_module in ENGINE_PARTS.items():
+        for module_name, names in by_module.items():
+            for name in names:
+                originals[getattr(sources[module_name], name)] = part
+    undo = []
+    for module in [m for name, m in sys.modules.items() if name.startswith("numpy_engine")]:
+        for name, value in list(vars(module).items()):
+            if callable(value) and value in originals:
+                undo.append((module, name, value))
+                setattr(module, name, timer.wrap(originals[value], value))
+    activations = dict(layers.ACTIVATIONS)  # the activations are called through this table
+    layers.ACTIVATIONS.update(
+        {
+            key: tuple(timer.wrap("activation", fn) for fn in pair)
+            for key, pair in activations.items()
+        }
+    )
+    undo.append((layers, "ACTIVATIONS", activations))  # put back whole
+    undo.append((base.Model, "flat_grads", base.Model.flat_grads))
+    base.Model.flat_grads = timer.wrap("flat gradient", base.Model.flat_grads)
+    undo.append((optim.Optimizer, "step", optim.Optimizer.step))
+    optim.Optimizer.step = timer.wrap("optimizer", optim.Optimizer.step)
+    return undo
+
+
+def engine_parts(name: str, steps: int) -> dict:
+    """ms per step: the plain step, and each part's own time in an instrumented run."""
+    model, optimizer, batches = workloads.build(workloads.WORKLOADS[name], 2 * steps + 2)
+    for batch in batches[:2]:
+        workloads.engine_step(model, optimizer, batch)
+    step = workloads.engine_step
+    plain = [_ms(lambda b=b: step(model, optimizer, b)) for b in batches[2:][:steps]]
+    timer = PartTimer()
+    undo = _instrument(timer)
+    try:
+        for batch in batches[2 + steps :]:
+            workloads.engine_step(model, optimizer, batch)
+    finally:
+        for owner, attr, value in undo:
+            if attr == "ACTIVATIONS":
+                owner.ACTIVATIONS.update(value)  # the same dict object, its entries restored
+            else:
+                setattr(owner, attr, value)
+    step = statistics.median(plain)
+    parts = {part: 1e3 * total / steps for part, total in timer.totals.items()}
+    parts["between layers"] = step - sum(parts.values())
+    return {"step": step, "parts": parts}
+
+
+def torch_parts(name: str, steps: int) -> dict:
+    """torch_reference's step in ms, and its regions and matmul kernels under the profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from benchmarks.bench import build, torch_step
+    from crosscheck.convert import tensor, torch_model_for
+
+    model, _, batches, optimizer_class = build(workloads.WORKLOADS[name], 2 * steps + 2)
+    module = torch_model_for(model)
+    optimizer = optimizer_class(module.parameters(), lr=1e-3)
+    batches = [tuple(tensor(x) for x in batch) for batch in batches]
+    for batch in batches[:2]:
+        torch_step(module, optimizer, batch)
+    plain = [_ms(lambda b=b: torch_step(module, optimizer, b)) for b in batches[2:][:steps]]
+
+    def regions(batch) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with record_function("forward"):
+            loss = module.loss(*batch)
+        with record_function("backward"):
+            loss.backward()
+        with record_function("clipping"):
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        with record_function("optimizer"):
+            optimizer.step()
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches[2 + steps :]:
+            regions(batch)
+    totals = {event.key: event for event in prof.key_averages()}
+    parts = {r: totals[r].cpu_time_total / 1e3 / steps for r in REGIONS if r in totals}
+    matmul_us = sum(totals[k].self_cpu_time_total for k in TORCH_MATMULS if k in totals)
+    return {"step": statistics.median(plain), "parts": parts, "matmul": matmul_us / 1e3 / steps}
+
+
+REGIONS = ("forward", "backward", "clipping", "optimizer")
+TORCH_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv")
+
+
+def floor(name: str) -> dict:
+    """The measured floor of one engine step, ms, and what it is made of."""
+    model, optimizer, batches = workloads.build(workloads.WORKLOADS[name], 2)
+    workloads.engine_step(model, optimizer, batches[0])
+    calls, products = calls_per_step(model, optimizer, batches[1], workloads.engine_step)
+    rng = np.random.default_rng(0)
+    matmul_s = pass_s = 0.0
+    for left, right, dtype in products:  # matrix products, and sums done as products
+        a, b = rng.standard_normal(left).astype(dtype), rng.standard_normal(right).astype(dtype)
+        if a.ndim == 1 or b.ndim == 1:  # a sum as a product with ones: one pass over the matrix
+            matrix = a if a.size >= b.size else b
+            pass_s += best_seconds(lambda m=matrix: np.multiply(m, 1.0, out=m))
+            continue
+        out = a @ b
+        matmul_s += best_seconds(lambda a=a, b=b, out=out: np.matmul(a, b, out=out))
+        pass_s += best_seconds(lambda out=out: np.multiply(out, 1.0, out=out))
+    vector = np.ones(model.flat.size, model.flat.dtype)
+    optimizer_s = 4 * best_seconds(lambda: np.multiply(vector, 1.0, out=vector))
+    one = np.ones(1, np.float32)
+    call_s = best_seconds(lambda: np.multiply(one, 1.0, out=one), repeats=1000)
+    n_calls = sum(calls.values())
+    return {
+        "products": sum(1 for left, right, _ in products if len(left) > 1 and len(right) > 1),
+        "matmul": 1e3 * matmul_s,
+        "passes": 1e3 * pass_s,
+        "optimizer": 1e3 * optimizer_s,
+        "calls": n_calls,
+        "call_us": 1e6 * call_s,
+        "calls_ms": 1e3 * n_calls * call_s,
+    }
+
+
+def _ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - start)
+
+
+def report(name: str, steps: int) -> str:
+    engine, reference, low = engine_parts(name, steps), torch_parts(name, steps), floor(name)
+    parts = sorted(engine["parts"].items(), key=lambda kv: -kv[1])
+    lines = [
+        f"{name}: engine {engine['step']:.2f} ms a step, torch {reference['step']:.2f} ms "
+        f"(each alone, median of {steps})",
+        "  engine, by part (own time, ms): " + ", ".join(f"{part} {ms:.2f}" for part, ms in parts),
+        "  torch, profiled (ms): "
+        + ", ".join(f"{r} {ms:.2f}" for r, ms in reference["parts"].items())
+        + f"; its matmul kernels {reference['matmul']:.2f}",
+        f"  floor: {low['products']} products alone {low['matmul']:.2f} ms + one pass over "
+        f"each output {low['passes']:.2f} + the optimizer's four vectors once "
+        f"{low['optimizer']:.2f} = {low['matmul'] + low['passes'] + low['optimizer']:.2f} ms; "
+        f"{low['calls']} NumPy calls at {low['call_us']:.2f} us (the cheapest call) "
+        f"{low['calls_ms']:.2f} ms more",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    from numpy_engine.memory import keep_freed_memory
+
+    keep_freed_memory()
+    torch.set_num_threads(1)
+    names = argv or ["copy", "char-lm", "large"]
+    with threadpool_limits(1):
+        for name in names:
+            print(report(name, steps=4 if name == "large" else 50), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
