@@ -3,12 +3,15 @@
 For one workload (benchmarks/workloads.py), one thread:
 
 - **engine**: the step alone, then again with each layer function timed (its own time,
-  without the layer functions it calls): linear, attention (scores, mask, softmax,
-  weights @ v), heads (split, merge, stacking q/k/v), layernorm, activation, embedding and
-  positions, loss (readout + cross-entropy), flat gradient, optimizer (clipping + update);
-  "between layers" is the step minus all of them: the blocks' and models' Python.
-- **torch**: torch_reference's step alone, then under torch.profiler: forward, backward,
-  clipping and optimizer as regions, and the step's matmul kernels.
+  without the layer functions it calls; the timing adds ~1 us a call): linear, attention
+  (scores, mask, softmax, weights @ v), heads (split, merge, stacking q/k/v), layernorm,
+  activation, embedding and positions, loss (readout + cross-entropy), flat gradient,
+  optimizer (clipping + update); "between layers" is the instrumented step minus all of
+  them: the blocks' and models' Python.
+- **torch**: torch_reference's step alone, then its forward and backward under
+  torch.profiler, each op's own time summed by kind (matmul, attention, layernorm, ...;
+  "between ops" is Python with no op running, "autograd" the engine's bookkeeping), and
+  clipping and the optimizer timed without the profiler (which slows small ops).
 - **floor**, measured here: the step's matrix products alone (the shapes the engine's step
   multiplies, recorded by benchmarks/call_count.py, each timed on its own, best of 5), one
   in-place pass over each product's output, one pass over each of the optimizer's four
@@ -120,22 +123,21 @@ def engine_parts(name: str, steps: int) -> dict:
     timer = PartTimer()
     undo = _instrument(timer)
     try:
-        for batch in batches[2 + steps :]:
-            workloads.engine_step(model, optimizer, batch)
+        timed = sum(_ms(lambda b=b: step(model, optimizer, b)) for b in batches[2 + steps :])
     finally:
         for owner, attr, value in undo:
             if attr == "ACTIVATIONS":
                 owner.ACTIVATIONS.update(value)  # the same dict object, its entries restored
             else:
                 setattr(owner, attr, value)
-    step = statistics.median(plain)
     parts = {part: 1e3 * total / steps for part, total in timer.totals.items()}
-    parts["between layers"] = step - sum(parts.values())
-    return {"step": step, "parts": parts}
+    parts["between layers"] = timed / steps - sum(parts.values())  # of the instrumented steps
+    return {"step": statistics.median(plain), "instrumented": timed / steps, "parts": parts}
 
 
 def torch_parts(name: str, steps: int) -> dict:
-    """torch_reference's step in ms, and its regions and matmul kernels under the profiler."""
+    """torch_reference's step in ms alone; its forward and backward under torch.profiler,
+    by kind of op (each op's own time); clipping and the optimizer timed without it."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -149,29 +151,50 @@ def torch_parts(name: str, steps: int) -> dict:
     for batch in batches[:2]:
         torch_step(module, optimizer, batch)
     plain = [_ms(lambda b=b: torch_step(module, optimizer, b)) for b in batches[2:][:steps]]
-
-    def regions(batch) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with record_function("forward"):
-            loss = module.loss(*batch)
-        with record_function("backward"):
-            loss.backward()
-        with record_function("clipping"):
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-        with record_function("optimizer"):
-            optimizer.step()
-
+    parts: collections.Counter = collections.Counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for batch in batches[2 + steps :]:
-            regions(batch)
-    totals = {event.key: event for event in prof.key_averages()}
-    parts = {r: totals[r].cpu_time_total / 1e3 / steps for r in REGIONS if r in totals}
-    matmul_us = sum(totals[k].self_cpu_time_total for k in TORCH_MATMULS if k in totals)
-    return {"step": statistics.median(plain), "parts": parts, "matmul": matmul_us / 1e3 / steps}
+            optimizer.zero_grad(set_to_none=True)
+            with record_function("forward and backward"):
+                module.loss(*batch).backward()
+            start = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            parts["clipping (unprofiled)"] += time.perf_counter() - start
+            start = time.perf_counter()
+            optimizer.step()
+            parts["optimizer (unprofiled)"] += time.perf_counter() - start
+    parts = collections.Counter({part: 1e6 * seconds for part, seconds in parts.items()})
+    for event in prof.key_averages():
+        parts[_torch_part(event.key)] += event.self_cpu_time_total  # us
+    return {
+        "step": statistics.median(plain),
+        "parts": {p: us / 1e3 / steps for p, us in parts.items()},
+    }
 
 
-REGIONS = ("forward", "backward", "clipping", "optimizer")
-TORCH_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv")
+TORCH_PARTS = {  # part: aten ops (their own time)
+    "matmul": ("mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "dot"),
+    "attention": (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_softmax",
+        "_softmax_backward_data",
+        "masked_fill_",
+    ),
+    "layernorm": ("native_layer_norm", "native_layer_norm_backward"),
+    "activation": ("gelu", "gelu_backward", "relu", "threshold_backward"),
+    "loss": ("_log_softmax", "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward"),
+    "embedding": ("embedding", "embedding_dense_backward", "index_select", "index_add_"),
+}
+
+
+def _torch_part(key: str) -> str:
+    if key.startswith("aten::"):
+        op = key.removeprefix("aten::")
+        return next((part for part, ops in TORCH_PARTS.items() if op in ops), "other ops")
+    if key.startswith("autograd::") or key.endswith("Backward0") or key.endswith("Backward1"):
+        return "autograd"
+    return "between ops (Python)"  # the region's own time: no op running
 
 
 def floor(name: str) -> dict:
@@ -206,6 +229,10 @@ def floor(name: str) -> dict:
     }
 
 
+def _by_size(parts: dict) -> list[tuple[str, float]]:
+    return sorted(parts.items(), key=lambda kv: -kv[1])
+
+
 def _ms(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -214,14 +241,13 @@ def _ms(fn) -> float:
 
 def report(name: str, steps: int) -> str:
     engine, reference, low = engine_parts(name, steps), torch_parts(name, steps), floor(name)
-    parts = sorted(engine["parts"].items(), key=lambda kv: -kv[1])
     lines = [
         f"{name}: engine {engine['step']:.2f} ms a step, torch {reference['step']:.2f} ms "
         f"(each alone, median of {steps})",
-        "  engine, by part (own time, ms): " + ", ".join(f"{part} {ms:.2f}" for part, ms in parts),
-        "  torch, profiled (ms): "
-        + ", ".join(f"{r} {ms:.2f}" for r, ms in reference["parts"].items())
-        + f"; its matmul kernels {reference['matmul']:.2f}",
+        f"  engine, by part (own time, ms, of {engine['instrumented']:.2f} instrumented): "
+        + ", ".join(f"{part} {ms:.2f}" for part, ms in _by_size(engine["parts"])),
+        "  torch, by part (own time, ms; forward and backward profiled): "
+        + ", ".join(f"{part} {ms:.2f}" for part, ms in _by_size(reference["parts"])),
         f"  floor: {low['products']} products alone {low['matmul']:.2f} ms + one pass over "
         f"each output {low['passes']:.2f} + the optimizer's four vectors once "
         f"{low['optimizer']:.2f} = {low['matmul'] + low['passes'] + low['optimizer']:.2f} ms; "
