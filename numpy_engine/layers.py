@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_engine.blocking import as_rows, in_row_blocks
+from numpy_engine.blocking import as_rows, in_row_blocks, slices
 from numpy_engine.checks import InputError
 from numpy_engine.keys import with_prefix
 from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
@@ -331,7 +331,7 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray
 
 # ------------------------------------------------------- readout and loss, fused (training)
 
-FUSED_BLOCK_ENTRIES = 1 << 18  # logits transformed together: a block stays in L2 cache
+FUSED_BLOCK_BYTES = 1 << 20  # logits transformed together: a block stays in L2 cache
 
 
 def linear_cross_entropy(
@@ -355,9 +355,7 @@ def linear_cross_entropy(
     safe_targets = np.where(counted, flat_targets, 0)
     dlogits, _ = linear_forward(x2, weight, bias)  # (N, V): the logits, for now
     loss_sum = 0.0
-    rows_per_block = max(1, FUSED_BLOCK_ENTRIES // V)
-    for start in range(0, len(x2), rows_per_block):
-        rows = slice(start, start + rows_per_block)
+    for rows in slices(len(x2), V * dlogits.itemsize, FUSED_BLOCK_BYTES):
         loss_sum += _dlogits_in_place(dlogits[rows], safe_targets[rows], counted[rows], n_counted)
     dx = (dlogits @ weight).reshape(x.shape)  # as linear_backward
     grads = {"weight": dlogits.T @ x2}

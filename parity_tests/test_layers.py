@@ -53,7 +53,7 @@ def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, see
     loss, ce_cache = L.cross_entropy_forward(logits, targets, -100)
     dx, grads = L.linear_backward(L.cross_entropy_backward(1.0, ce_cache), linear_cache)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(L, "FUSED_BLOCK_ENTRIES", 2 * V)
+        patch.setattr(L, "FUSED_BLOCK_BYTES", 2 * V * x.itemsize)
         fused_loss, fused_dx, fused_grads = L.linear_cross_entropy(x, weight, b, targets, -100)
     assert abs(fused_loss - loss) <= 1e-13 * abs(loss)
     assert_all_close_float64(
@@ -238,3 +238,13 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, ma
     assert np.array_equal(cache.weights, one_cache.weights)
     for grouped, whole in zip(A.attention_backward(dy, cache), one_grads, strict=True):
         assert np.array_equal(grouped, whole)
+
+
+def test_slices_cover_the_range_in_blocks_of_about_block_bytes():
+    from numpy_engine.blocking import slices
+
+    assert slices(10, 4, 12) == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 10)]
+    assert slices(6, 4, 12) == [slice(0, 3), slice(3, 6)]
+    assert slices(3, 100, 12) == [slice(0, 1), slice(1, 2), slice(2, 3)]  # one item a block
+    assert slices(10, 4, 12, whole_bytes=40) == [slice(0, 10)]  # all fits: one slice
+    assert slices(0, 4, 12) == [slice(0, 0)]  # nothing: one empty slice (it fits)
