@@ -1,6 +1,6 @@
 """Where a training step's time goes: the engine's by part, torch's by part, and a floor.
 
-For one workload (benchmarks/workloads.py), one thread:
+For one workload (benchmarks/workloads.py, or gpt2), one thread:
 
 - **engine**: the step alone, then again with each layer function timed (its own time,
   without the layer functions it calls; the timing adds ~1 us a call): linear, attention
@@ -19,7 +19,9 @@ For one workload (benchmarks/workloads.py), one thread:
   the cheapest NumPy call. Neither engine can be faster than the products and the passes;
   the engine, making its calls, not faster than the sum.
 
-    python -m benchmarks.where_time_goes copy char-lm large
+    python -m benchmarks.where_time_goes copy char-lm large gpt2
+
+gpt2 (benchmarks/gpt2.py's workload) is timed against transformers' GPT2LMHeadModel.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 
 import numpy as np
 
-from benchmarks import workloads
+from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
 from benchmarks.matmul_floor import best_seconds
 
@@ -113,12 +115,22 @@ def _instrument(timer: PartTimer) -> list[tuple]:
     return undo
 
 
+def _engine_side(name: str, n_batches: int) -> tuple:
+    """(model, optimizer, batches, step(model, optimizer, batch)) of a workload, or of gpt2
+    as benchmarks/gpt2.py trains it (its flat gradient in one reused buffer)."""
+    if name == gpt2.WORKLOAD:
+        model = gpt2.engine_model()
+        trainer = gpt2.EngineTrainer(model)
+        return model, trainer.optimizer, gpt2.batches(n_batches), lambda m, o, b: trainer.step(b)
+    model, optimizer, batches = workloads.build(workloads.WORKLOADS[name], n_batches)
+    return model, optimizer, batches, workloads.engine_step
+
+
 def engine_parts(name: str, steps: int) -> dict:
     """ms per step: the plain step, and each part's own time in an instrumented run."""
-    model, optimizer, batches = workloads.build(workloads.WORKLOADS[name], 2 * steps + 2)
+    model, optimizer, batches, step = _engine_side(name, 2 * steps + 2)
     for batch in batches[:2]:
-        workloads.engine_step(model, optimizer, batch)
-    step = workloads.engine_step
+        step(model, optimizer, batch)
     plain = [_ms(lambda b=b: step(model, optimizer, b)) for b in batches[2:][:steps]]
     timer = PartTimer()
     undo = _instrument(timer)
@@ -135,35 +147,58 @@ def engine_parts(name: str, steps: int) -> dict:
     return {"step": statistics.median(plain), "instrumented": timed / steps, "parts": parts}
 
 
-def torch_parts(name: str, steps: int) -> dict:
-    """torch_reference's step in ms alone; its forward and backward under torch.profiler,
-    by kind of op (each op's own time); clipping and the optimizer timed without it."""
+def _torch_side(name: str, n_batches: int) -> tuple:
+    """(loss(*batch), parameters(), optimizer, batches) of the engine's twin: torch_reference,
+    or for gpt2 transformers' GPT2LMHeadModel (benchmarks/gpt2.py)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
 
-    from benchmarks.bench import build, torch_step
+    if name == gpt2.WORKLOAD:
+        trainer = gpt2.TorchTrainer(gpt2.engine_model())
+        batches = [tuple(torch.from_numpy(x) for x in b) for b in gpt2.batches(n_batches)]
+
+        def loss(idx, targets):
+            logits = trainer.hf(idx).logits
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+        return loss, trainer.hf.parameters, trainer.optimizer, batches
+    from benchmarks.bench import build
     from crosscheck.convert import tensor, torch_model_for
 
-    model, _, batches, optimizer_class = build(workloads.WORKLOADS[name], 2 * steps + 2)
+    model, _, batches, optimizer_class = build(workloads.WORKLOADS[name], n_batches)
     module = torch_model_for(model)
     optimizer = optimizer_class(module.parameters(), lr=1e-3)
     batches = [tuple(tensor(x) for x in batch) for batch in batches]
-    for batch in batches[:2]:
-        torch_step(module, optimizer, batch)
-    plain = [_ms(lambda b=b: torch_step(module, optimizer, b)) for b in batches[2:][:steps]]
+    return module.loss, module.parameters, optimizer, batches
+
+
+def torch_parts(name: str, steps: int) -> dict:
+    """The twin's step in ms alone; its forward and backward under torch.profiler, by kind
+    of op (each op's own time); clipping and the optimizer timed without it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    loss, parameters, optimizer, batches = _torch_side(name, 2 * steps + 2)
     parts: collections.Counter = collections.Counter()
+
+    def step(batch, profiled: bool = False) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with record_function("forward and backward"):
+            loss(*batch).backward()
+        for part, run in (
+            ("clipping", lambda: torch.nn.utils.clip_grad_norm_(parameters(), 1.0)),
+            ("optimizer", optimizer.step),
+        ):
+            start = time.perf_counter()
+            run()
+            if profiled:
+                parts[f"{part} (unprofiled)"] += 1e6 * (time.perf_counter() - start)  # us
+
+    for batch in batches[:2]:
+        step(batch)
+    plain = [_ms(lambda b=b: step(b)) for b in batches[2:][:steps]]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for batch in batches[2 + steps :]:
-            optimizer.zero_grad(set_to_none=True)
-            with record_function("forward and backward"):
-                module.loss(*batch).backward()
-            start = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            parts["clipping (unprofiled)"] += time.perf_counter() - start
-            start = time.perf_counter()
-            optimizer.step()
-            parts["optimizer (unprofiled)"] += time.perf_counter() - start
-    parts = collections.Counter({part: 1e6 * seconds for part, seconds in parts.items()})
+            step(batch, profiled=True)
     for event in prof.key_averages():
         parts[_torch_part(event.key)] += event.self_cpu_time_total  # us
     return {
@@ -199,9 +234,9 @@ def _torch_part(key: str) -> str:
 
 def floor(name: str) -> dict:
     """The measured floor of one engine step, ms, and what it is made of."""
-    model, optimizer, batches = workloads.build(workloads.WORKLOADS[name], 2)
-    workloads.engine_step(model, optimizer, batches[0])
-    calls, products = calls_per_step(model, optimizer, batches[1], workloads.engine_step)
+    model, optimizer, batches, step = _engine_side(name, 2)
+    step(model, optimizer, batches[0])
+    calls, products = calls_per_step(model, optimizer, batches[1], step)
     rng = np.random.default_rng(0)
     matmul_s = pass_s = 0.0
     for left, right, dtype in products:  # matrix products, and sums done as products
@@ -257,6 +292,9 @@ def report(name: str, steps: int) -> str:
     return "\n".join(lines)
 
 
+STEPS = {"large": 4, gpt2.WORKLOAD: 3}  # ~1 s and ~3 s a step; the rest 50
+
+
 def main(argv: list[str]) -> None:
     import torch
     from threadpoolctl import threadpool_limits
@@ -268,7 +306,7 @@ def main(argv: list[str]) -> None:
     names = argv or ["copy", "char-lm", "large"]
     with threadpool_limits(1):
         for name in names:
-            print(report(name, steps=4 if name == "large" else 50), flush=True)
+            print(report(name, steps=STEPS.get(name, 50)), flush=True)
 
 
 if __name__ == "__main__":
