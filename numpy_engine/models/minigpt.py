@@ -133,13 +133,14 @@ class MiniGPT(Model):
     def _trunk_backward(self, dx: np.ndarray, cache: GPTCache, head_grads: dict) -> dict:
         """From the head's input gradient dx (B, T, C) down to the embeddings: every
         parameter's gradient, keyed and ordered like params."""
-        dx, norm_grads = layernorm_backward(dx, cache.final_norm)
+        dx, norm_grads = layernorm_backward(dx, cache.final_norm)  # forward was x = final_norm(x)
         grads = with_prefix(norm_grads, "final_norm.")
-        for i in reversed(range(len(cache.blocks))):
+        for i in reversed(range(len(cache.blocks))):  # forward was x = block_i(x), i = 0, 1, ...
             dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
             grads |= with_prefix(block_grads, f"blocks.{i}.")
-        dx, pos_grads = learned_positions_backward(dx, cache.pos_embed)
+        dx, pos_grads = learned_positions_backward(dx, cache.pos_embed)  # x = tok + pos_embed[t]
         grads |= with_prefix(pos_grads, "pos_embed.")
+        # forward was tok = tok_embed[idx]; the head's own term joins it if the two are tied
         grads |= self._head_and_embedding_grads(head_grads, dx, cache.tok_embed)
         return {key: grads[key] for key in self.params}
 

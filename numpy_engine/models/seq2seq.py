@@ -182,24 +182,26 @@ class Seq2SeqTransformer(Model):
 
     def _decode_backward(self, dlogits, cache: DecoderCache, grads: dict) -> tuple:
         """Fills grads for the decoder's parameters; returns (dmemory, the target's dembed)."""
-        dy, readout_grads = linear_backward(dlogits, cache.readout)
-        dy, norm_grads = layernorm_backward(dy, cache.norm)
+        dy, readout_grads = linear_backward(dlogits, cache.readout)  # logits = readout(y)
+        dy, norm_grads = layernorm_backward(dy, cache.norm)  # forward was y = decoder_norm(y)
         grads |= with_prefix(readout_grads, "readout.") | with_prefix(norm_grads, "decoder_norm.")
         dmemory = 0.0
-        for i in reversed(range(len(cache.blocks))):
+        for i in reversed(range(len(cache.blocks))):  # forward was y = block_i(y, memory)
             dy, dmemory_i, block_grads = decoder_block_backward(dy, cache.blocks[i])
             dmemory = dmemory + dmemory_i  # memory fed every decoder block's cross-attention
             grads |= with_prefix(block_grads, f"decoder.{i}.")
+        # forward was y = embed[decoder_input] + sinusoid[t]
         _, embed_grads = embedding_backward(sinusoidal_backward(dy, None), cache.tgt_embed)
         return dmemory, embed_grads["weight"]
 
     def _encode_backward(self, dmemory, cache: EncoderCache, grads: dict) -> np.ndarray:
         """Fills grads for the encoder's parameters; returns the source's dembed."""
-        dx, norm_grads = layernorm_backward(dmemory, cache.norm)
+        dx, norm_grads = layernorm_backward(dmemory, cache.norm)  # memory = encoder_norm(x)
         grads |= with_prefix(norm_grads, "encoder_norm.")
-        for i in reversed(range(len(cache.blocks))):
+        for i in reversed(range(len(cache.blocks))):  # forward was x = block_i(x)
             dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
             grads |= with_prefix(block_grads, f"encoder.{i}.")
+        # forward was x = embed[source] + sinusoid[t]
         _, embed_grads = embedding_backward(sinusoidal_backward(dx, None), cache.src_embed)
         return embed_grads["weight"]
 
