@@ -4,7 +4,7 @@ For one workload (benchmarks/workloads.py, or gpt2), one thread:
 
 - **engine**: the step alone, then again with each layer function timed (its own time,
   without the layer functions it calls; the timing adds ~1 us a call): linear, attention
-  (scores, mask, softmax, weights @ v), heads (split, merge, stacking q/k/v), layernorm,
+  (scores, mask, softmax, weights @ v), heads (split, merged buffers, stacking q/k/v), layernorm,
   activation, embedding and positions, loss (readout + cross-entropy), flat gradient,
   optimizer (clipping + update); "between layers" is the instrumented step minus all of
   them: the blocks' and models' Python.
@@ -40,7 +40,7 @@ from benchmarks.matmul_floor import best_seconds
 ENGINE_PARTS = {  # part: functions timed, by module
     "linear": {"layers": ["linear_forward", "linear_backward"]},
     "attention": {"attention": ["attention_forward", "attention_backward"]},
-    "heads": {"attention": ["split_heads", "merge_heads", "_stacked", "_unstacked"]},
+    "heads": {"attention": ["split_heads", "heads_buffer", "_stacked", "_unstacked"]},
     "layernorm": {"layers": ["layernorm_forward", "layernorm_backward"]},
     "activation": {"layers": ["gelu_forward", "gelu_backward", "relu_forward", "relu_backward"]},
     "embedding": {

@@ -126,11 +126,17 @@ def batch_groups(scores_shape: tuple, itemsize: int) -> list[slice]:
 
 
 def attention_forward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    visible: np.ndarray | None,
+    out: np.ndarray | None = None,
 ) -> tuple:
-    """y = softmax(q k^T / sqrt(hs), hidden keys at -inf) v. Past WHOLE_BYTES of scores, a
-    group of batch rows at a time (batch_groups); the weights are kept whole, for the
-    backward and the study commands."""
+    """y = softmax(q k^T / sqrt(hs), hidden keys at -inf) v, (B, H, Tq, hs), written into out
+    if given (e.g. split_heads of the (B, Tq, C) array the heads are merged into: the product
+    writes the merged layout itself, no copy after). Past WHOLE_BYTES of scores, a group of
+    batch rows at a time (batch_groups); the weights are kept whole, for the backward and
+    the study commands."""
     q_scaled = q * (1.0 / math.sqrt(q.shape[-1]))  # scale q, not the larger scores; a Python
     shape = (*q.shape[:-1], k.shape[-2])  # float keeps float32 float32. (B, H, Tq, Tk)
     hidden = None
@@ -140,14 +146,15 @@ def attention_forward(
     groups = batch_groups(shape, q_scaled.itemsize)
     if len(groups) == 1:
         weights = _weights(q_scaled, k, hidden)
-        return weights @ v, AttentionCache(q_scaled, k, v, weights)
+        return np.matmul(weights, v, out=out), AttentionCache(q_scaled, k, v, weights)
     weights = np.empty(shape, q_scaled.dtype)
-    y = np.empty((*shape[:-1], v.shape[-1]), np.result_type(weights, v))  # (B, H, Tq, hs)
+    if out is None:
+        out = np.empty((*shape[:-1], v.shape[-1]), np.result_type(weights, v))
     for g in groups:
         group_hidden = hidden if hidden is None or len(hidden) == 1 else hidden[g]
         _weights(q_scaled[g], k[g], group_hidden, out=weights[g])
-        np.matmul(weights[g], v[g], out=y[g])
-    return y, AttentionCache(q_scaled, k, v, weights)
+        np.matmul(weights[g], v[g], out=out[g])
+    return out, AttentionCache(q_scaled, k, v, weights)
 
 
 def _weights(q_scaled, k, hidden, out=None) -> np.ndarray:
@@ -158,15 +165,18 @@ def _weights(q_scaled, k, hidden, out=None) -> np.ndarray:
     return softmax_last(scores, out=out)  # hidden entries get exactly 0
 
 
-def attention_backward(dy: np.ndarray, cache: AttentionCache) -> tuple:
-    """See docs/gradients.md#attention. Returns (dq, dk, dv); by the forward's batch groups."""
+def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None = None) -> tuple:
+    """See docs/gradients.md#attention. Returns (dq, dk, dv), written into out's three
+    arrays if given (e.g. split_heads views of the merged array a projection's backward
+    reads); by the forward's batch groups."""
     groups = batch_groups(cache.weights.shape, cache.weights.itemsize)
     if len(groups) == 1:
-        return _group_backward(dy, *cache)
-    grads = tuple(np.empty(x.shape, np.result_type(dy, x)) for x in cache[:3])  # dq, dk, dv
+        return _group_backward(dy, *cache, out=out or (None, None, None))
+    if out is None:
+        out = tuple(np.empty(x.shape, np.result_type(dy, x)) for x in cache[:3])
     for g in groups:
-        _group_backward(dy[g], *(x[g] for x in cache), out=tuple(d[g] for d in grads))
-    return grads
+        _group_backward(dy[g], *(x[g] for x in cache), out=tuple(d[g] for d in out))
+    return out
 
 
 def _group_backward(dy, q_scaled, k, v, weights, out=(None, None, None)) -> tuple:
@@ -194,13 +204,12 @@ def split_heads(x: np.ndarray, n_heads: int, n_parts: int = 1) -> np.ndarray:
     return parts[0] if n_parts == 1 else tuple(parts)
 
 
-def merge_heads(*parts: np.ndarray) -> np.ndarray:
-    """(B, H, T, hs) arrays -> (B, T, len(parts) * C): heads side by side, then parts."""
-    B, H, T, hs = parts[0].shape
-    out = np.empty((B, T, len(parts), H, hs), dtype=parts[0].dtype)
-    for i, part in enumerate(parts):
-        out[:, :, i] = part.transpose(0, 2, 1, 3)
-    return out.reshape(B, T, len(parts) * H * hs)
+def heads_buffer(leading: tuple, width: int, n_heads: int, n_parts: int, dtype) -> tuple:
+    """An empty (*leading, n_parts * width) array and its split_heads views, (B, H, T, hs)
+    each: a product written into the views fills the array in the merged layout a
+    projection reads (heads side by side, then parts), with no copy to merge them."""
+    merged = np.empty((*leading, n_parts * width), dtype)
+    return merged, split_heads(merged, n_heads, n_parts)
 
 
 def _stacked(p: dict[str, np.ndarray], names: tuple[str, ...]) -> tuple:
@@ -266,8 +275,9 @@ def self_attention_forward(
     q, k, v = split_heads(qkv, n_heads, n_parts=3)  # (B, H, T, hs) each
     if past is not None:
         k, v = np.concatenate([past.k, k], axis=2), np.concatenate([past.v, v], axis=2)
-    y, attn_cache = attention_forward(q, k, v, visible)  # (B, H, T, hs)
-    out, out_cache = linear_forward(merge_heads(y), p["out_proj.weight"], p["out_proj.bias"])
+    merged, y = heads_buffer(x.shape[:-1], x.shape[-1], n_heads, 1, qkv.dtype)  # (B, T, C)
+    _, attn_cache = attention_forward(q, k, v, visible, out=y)  # y: (B, H, T, hs) views
+    out, out_cache = linear_forward(merged, p["out_proj.weight"], p["out_proj.bias"])
     past_length = 0 if past is None else past.k.shape[2]
     return out, SelfAttentionCache(qkv_cache, attn_cache, out_cache, n_heads, past_length)
 
@@ -277,10 +287,12 @@ def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tupl
     if cache.past_length:
         raise InputError("self_attention_backward: the forward read past keys and values")
     dy, out_grads = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
-    # merge_heads was a reshape, so split_heads undoes it on the gradient
-    dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
+    # merging the heads was a reshape, so split_heads undoes it on the gradient; dq, dk and
+    # dv are written side by side, (B, T, 3C), as the stacked projection's output was
+    dqkv, heads = heads_buffer(dout.shape[:-1], dout.shape[-1], cache.n_heads, 3, dy.dtype)
+    attention_backward(split_heads(dy, cache.n_heads), cache.attention, out=heads)
     # x fed the queries, keys and values: the stacked matmul adds the three paths
-    dx, qkv_grads = linear_backward(merge_heads(dq, dk, dv), cache.qkv_proj)
+    dx, qkv_grads = linear_backward(dqkv, cache.qkv_proj)
     return dx, _unstacked(qkv_grads, QKV) | with_prefix(out_grads, "out_proj.")
 
 
@@ -315,8 +327,9 @@ def cross_attention_forward(
         (k, v), kv_cache = memory_keys_values(memory, p, n_heads)
     else:
         (k, v), kv_cache = memory_kv, None
-    y, attn_cache = attention_forward(split_heads(q, n_heads), k, v, visible)  # (B, H, Tq, hs)
-    out, out_cache = linear_forward(merge_heads(y), p["out_proj.weight"], p["out_proj.bias"])
+    merged, y = heads_buffer(x.shape[:-1], x.shape[-1], n_heads, 1, q.dtype)  # (B, Tq, C)
+    _, attn_cache = attention_forward(split_heads(q, n_heads), k, v, visible, out=y)
+    out, out_cache = linear_forward(merged, p["out_proj.weight"], p["out_proj.bias"])
     return out, CrossAttentionCache(q_cache, kv_cache, attn_cache, out_cache, n_heads)
 
 
@@ -325,9 +338,13 @@ def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tu
     if cache.kv_proj is None:
         raise InputError("cross_attention_backward: the forward was given memory_kv")
     dy, out_grads = linear_backward(dout, cache.out_proj)  # forward was out = out_proj(merge(y))
-    dq, dk, dv = attention_backward(split_heads(dy, cache.n_heads), cache.attention)
-    dx, q_grads = linear_backward(merge_heads(dq), cache.q_proj)  # forward was q = q_proj(x)
+    H, C = cache.n_heads, dout.shape[-1]
+    B, _, Tk, _ = cache.attention.k.shape  # memory's
+    dq, dq_heads = heads_buffer(dout.shape[:-1], C, H, 1, dy.dtype)  # (B, Tq, C)
+    dkv, (dk_heads, dv_heads) = heads_buffer((B, Tk), C, H, 2, dy.dtype)  # (B, Tk, 2C)
+    attention_backward(split_heads(dy, H), cache.attention, out=(dq_heads, dk_heads, dv_heads))
+    dx, q_grads = linear_backward(dq, cache.q_proj)  # forward was q = q_proj(x)
     # memory fed the keys and the values: the stacked matmul adds the two paths
-    dmemory, kv_grads = linear_backward(merge_heads(dk, dv), cache.kv_proj)
+    dmemory, kv_grads = linear_backward(dkv, cache.kv_proj)
     grads = with_prefix(q_grads, "q_proj.") | _unstacked(kv_grads, KV)
     return dx, dmemory, grads | with_prefix(out_grads, "out_proj.")
