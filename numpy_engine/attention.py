@@ -36,13 +36,14 @@ def causal_visible(T: int) -> np.ndarray:
 
 def check_every_row_sees_a_key(visible: np.ndarray, scores_shape: tuple) -> None:
     """A row with no visible key has no softmax (0/0); refuse it instead of returning NaN."""
-    row_sees_a_key = np.broadcast_to(visible.any(axis=-1), scores_shape[:-1])  # (B, H, Tq)
-    if not row_sees_a_key.all():
-        b, h, t = np.argwhere(~row_sees_a_key)[0]
-        raise InputError(
-            f"visible: the query at batch row {b}, position {t} (head {h}) has no visible key; "
-            "every query must be allowed to attend to at least one key"
-        )
+    row_sees_a_key = visible.any(axis=-1)  # broadcastable to (B, H, Tq)
+    if row_sees_a_key.all():
+        return
+    b, h, t = np.argwhere(~np.broadcast_to(row_sees_a_key, scores_shape[:-1]))[0]  # which row
+    raise InputError(
+        f"visible: the query at batch row {b}, position {t} (head {h}) has no visible key; "
+        "every query must be allowed to attend to at least one key"
+    )
 
 
 # --------------------------------------------------------- scaled dot-product attention

@@ -171,6 +171,9 @@ def test_fully_hidden_attention_row_is_rejected():
     visible[1, 0, 2] = False  # batch row 1, query position 2 sees nothing
     with pytest.raises(ValueError, match="batch row 1, position 2"):
         A.attention_forward(q, k, v, visible)
+    all_padding = A.padding_visible(np.array([[1, 1, 0], [0, 0, 0]]), pad_id=0)  # (2, 1, 1, 3)
+    with pytest.raises(ValueError, match=r"batch row 1, position 0 \(head 0\)"):
+        A.attention_forward(q, k, v, all_padding)  # broadcast over heads and queries
 
 
 def test_cross_entropy_with_every_target_ignored():
