@@ -85,9 +85,10 @@ def softmax_backward(dweights: np.ndarray, weights: np.ndarray) -> np.ndarray:
     A row's entries sum to exactly 0. Where one weight dominates (w ~ 1), its entry
     w (dw - sum(w dw)) cancels to a few correct digits, while the others, each w_j times
     dw_j - sum(w dw), are accurate: so the dominant entry is taken as minus their sum.
-    That is done for every weight above 1/2, at most one a row: below 1/2 nothing cancels
-    beyond a factor 2. (A threshold, not each row's argmax: a row argmax over a short axis
-    was half of this function's time on char-lm.)
+    That is done for every weight above 1/2, at most one a row: a weight of at most 1/2
+    carries at most half of sum(w dw), so its entry is no more prone to cancel than the
+    others. (A threshold, not each row's argmax: a row argmax over a short axis was half of
+    this function's time on char-lm.)
     """
     dscores = dweights if dweights.flags.c_contiguous else np.ascontiguousarray(dweights)
     dscores -= dot_last(dscores, weights)  # in place: dweights is not needed again
