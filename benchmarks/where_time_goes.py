@@ -27,6 +27,7 @@ gpt2 (benchmarks/gpt2.py's workload) is timed against transformers' GPT2LMHeadMo
 from __future__ import annotations
 
 import collections
+import functools
 import statistics
 import sys
 import time
@@ -81,9 +82,10 @@ class PartTimer:
         return timed
 
 
-def _instrument(timer: PartTimer) -> list[tuple]:
-    """Wrap every ENGINE_PARTS function wherever the engine's modules imported it, and the
-    flat gradient and the optimizer step; returns what to put back."""
+def _instrument(timer: PartTimer) -> list:
+    """Wrap every ENGINE_PARTS function wherever the engine's modules imported it, the
+    activations' table, the flat gradient and the optimizer step; returns the calls that put
+    each back."""
     import numpy_engine.models.base as base
     import numpy_engine.optim as optim
     from numpy_engine import attention, layers
@@ -98,20 +100,18 @@ def _instrument(timer: PartTimer) -> list[tuple]:
     for module in [m for name, m in sys.modules.items() if name.startswith("numpy_engine")]:
         for name, value in list(vars(module).items()):
             if callable(value) and value in originals:
-                undo.append((module, name, value))
+                undo.append(functools.partial(setattr, module, name, value))
                 setattr(module, name, timer.wrap(originals[value], value))
     activations = dict(layers.ACTIVATIONS)  # the activations are called through this table
-    layers.ACTIVATIONS.update(
-        {
-            key: tuple(timer.wrap("activation", fn) for fn in pair)
-            for key, pair in activations.items()
-        }
-    )
-    undo.append((layers, "ACTIVATIONS", activations))  # put back whole
-    undo.append((base.Model, "flat_grads", base.Model.flat_grads))
-    base.Model.flat_grads = timer.wrap("flat gradient", base.Model.flat_grads)
-    undo.append((optim.Optimizer, "step", optim.Optimizer.step))
-    optim.Optimizer.step = timer.wrap("optimizer", optim.Optimizer.step)
+    undo.append(functools.partial(layers.ACTIVATIONS.update, activations))
+    for key, pair in activations.items():
+        layers.ACTIVATIONS[key] = tuple(timer.wrap("activation", fn) for fn in pair)
+    for owner, name, part in (
+        (base.Model, "flat_grads", "flat gradient"),
+        (optim.Optimizer, "step", "optimizer"),
+    ):
+        undo.append(functools.partial(setattr, owner, name, getattr(owner, name)))
+        setattr(owner, name, timer.wrap(part, getattr(owner, name)))
     return undo
 
 
@@ -137,11 +137,8 @@ def engine_parts(name: str, steps: int) -> dict:
     try:
         timed = sum(_ms(lambda b=b: step(model, optimizer, b)) for b in batches[2 + steps :])
     finally:
-        for owner, attr, value in undo:
-            if attr == "ACTIVATIONS":
-                owner.ACTIVATIONS.update(value)  # the same dict object, its entries restored
-            else:
-                setattr(owner, attr, value)
+        for put_back in undo:
+            put_back()
     parts = {part: 1e3 * total / steps for part, total in timer.totals.items()}
     parts["between layers"] = timed / steps - sum(parts.values())  # of the instrumented steps
     return {"step": statistics.median(plain), "instrumented": timed / steps, "parts": parts}
@@ -241,7 +238,7 @@ def floor(name: str) -> dict:
     matmul_s = pass_s = 0.0
     for left, right, dtype in products:  # matrix products, and sums done as products
         a, b = rng.standard_normal(left).astype(dtype), rng.standard_normal(right).astype(dtype)
-        if a.ndim == 1 or b.ndim == 1:  # a sum as a product with ones: one pass over the matrix
+        if not _is_matrix_product(left, right):  # a sum as a product with ones: one pass
             matrix = a if a.size >= b.size else b
             pass_s += best_seconds(lambda m=matrix: np.multiply(m, 1.0, out=m))
             continue
@@ -254,7 +251,7 @@ def floor(name: str) -> dict:
     call_s = best_seconds(lambda: np.multiply(one, 1.0, out=one), repeats=1000)
     n_calls = sum(calls.values())
     return {
-        "products": sum(1 for left, right, _ in products if len(left) > 1 and len(right) > 1),
+        "products": sum(_is_matrix_product(left, right) for left, right, _ in products),
         "matmul": 1e3 * matmul_s,
         "passes": 1e3 * pass_s,
         "optimizer": 1e3 * optimizer_s,
@@ -262,6 +259,11 @@ def floor(name: str) -> dict:
         "call_us": 1e6 * call_s,
         "calls_ms": 1e3 * n_calls * call_s,
     }
+
+
+def _is_matrix_product(left: tuple, right: tuple) -> bool:
+    """Both operands matrices (or stacks of them); not a sum done as a product with ones."""
+    return len(left) > 1 and len(right) > 1
 
 
 def _by_size(parts: dict) -> list[tuple[str, float]]:

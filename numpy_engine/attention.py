@@ -173,7 +173,7 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None 
     reads); by the forward's batch groups."""
     groups = batch_groups(cache.weights.shape, cache.weights.itemsize)
     if len(groups) == 1:
-        return _group_backward(dy, *cache, out=out or (None, None, None))
+        return _group_backward(dy, *cache, out=out)
     if out is None:
         out = tuple(np.empty(x.shape, np.result_type(dy, x)) for x in cache[:3])
     for g in groups:
@@ -181,9 +181,9 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None 
     return out
 
 
-def _group_backward(dy, q_scaled, k, v, weights, out=(None, None, None)) -> tuple:
-    """(dq, dk, dv) of a group of batch rows, into out's arrays if given."""
-    dq, dk, dv = out
+def _group_backward(dy, q_scaled, k, v, weights, out: tuple | None = None) -> tuple:
+    """(dq, dk, dv) of a group of batch rows, into out's three arrays if given."""
+    dq, dk, dv = (None, None, None) if out is None else out
     # forward was y = weights @ v
     dweights = dy @ v.swapaxes(-1, -2)  # (n, H, Tq, Tk)
     dv = np.matmul(weights.swapaxes(-1, -2), dy, out=dv)  # (n, H, Tk, hs)

@@ -353,15 +353,12 @@ def linear_cross_entropy(
     if n_counted == 0:
         raise InputError(f"targets: every target equals ignore_index={ignore_index}; no loss")
     safe_targets = np.where(counted, flat_targets, 0)
-    dlogits, _ = linear_forward(x2, weight, bias)  # (N, V): the logits, for now
+    dlogits, readout = linear_forward(x2, weight, bias)  # (N, V): the logits, for now
     loss_sum = 0.0
     for rows in slices(len(x2), V * dlogits.itemsize, FUSED_BLOCK_BYTES):
         loss_sum += _dlogits_in_place(dlogits[rows], safe_targets[rows], counted[rows], n_counted)
-    dx = (dlogits @ weight).reshape(x.shape)  # as linear_backward
-    grads = {"weight": dlogits.T @ x2}
-    if bias is not None:
-        grads["bias"] = sum_leading(dlogits)
-    return loss_sum / n_counted, dx, grads
+    dx, grads = linear_backward(dlogits, readout)  # forward was logits = x2 @ weight.T + bias
+    return loss_sum / n_counted, dx.reshape(x.shape), grads
 
 
 def _dlogits_in_place(z: np.ndarray, targets: np.ndarray, counted: np.ndarray, n: int) -> float:

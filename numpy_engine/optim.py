@@ -178,15 +178,15 @@ class Adam(Optimizer):
 
     def _update(self, param, grad, coef):
         m, v = self.flat_state["exp_avg"], self.flat_state["exp_avg_sq"]
-        n = min(BLOCK_BYTES // param.itemsize, param.size)
-        scratch = np.empty((2, n), param.dtype)  # one block's, not one per block
+        pieces = blocks(param)
+        scratch = np.empty((2, pieces[0].stop), param.dtype)  # the first (largest) block's
         coef = None if coef is None else grad.dtype.type(coef)
         # p -= lr / c1 * m / (sqrt(v) / c2 + eps), c1 = 1 - b1^t, c2 = sqrt(1 - b2^t), as
         # p -= (lr c2 / c1) * m / (sqrt(v) + eps c2): the same value, one pass fewer
         beta1, beta2 = self.betas
         c2 = math.sqrt(1 - beta2**self.step_count)
         step = (self.lr * c2 / (1 - beta1**self.step_count), self.eps * c2)
-        for block in blocks(param):
+        for block in pieces:
             n = block.stop - block.start
             if coef is not None:
                 grad[block] *= coef  # clipping, while the block is in cache

@@ -100,12 +100,16 @@ def test_call_count_counts_each_call_from_the_callers_side_once():
 
 
 def test_where_time_goes_parts_and_floor_of_a_copy_step():
-    """Every layer function of the copy model's step is timed under its part, the parts and
-    "between layers" make up the instrumented step, and the floor finds the step's 54 matrix
-    products (3 per linear layer and 6 per attention, forward and backward) and its calls."""
+    """Every layer function of the copy model's step is timed under its part (and put back
+    after), the parts and "between layers" make up the instrumented step, and the floor finds
+    the step's 54 matrix products (3 per linear layer and 6 per attention) and its calls."""
     from benchmarks import where_time_goes as W
+    from numpy_engine import attention, layers, optim
 
+    originals = (layers.linear_forward, attention.linear_forward, optim.Optimizer.step)
     engine = W.engine_parts("copy", steps=2)
+    assert (layers.linear_forward, attention.linear_forward, optim.Optimizer.step) == originals
+    assert layers.ACTIVATIONS["gelu"] == (layers.gelu_forward, layers.gelu_backward)  # put back
     for part in ("linear", "attention", "layernorm", "activation", "embedding", "loss"):
         assert engine["parts"][part] > 0, part
     assert abs(sum(engine["parts"].values()) - engine["instrumented"]) < 1e-9
