@@ -323,10 +323,16 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray
     rows = np.arange(len(safe_targets))
     # p_y - 1 computed as minus the other classes' mass: when the model is confident,
     # p_y rounds near 1 and p_y - 1 would cancel to a few correct digits (float32).
-    dlogits[rows, safe_targets] = 0.0
-    dlogits[rows, safe_targets] = -sum_last(dlogits)[:, 0]
+    _minus_the_rest(dlogits, rows, safe_targets)
     dlogits *= (dloss / n_counted) * counted[:, None]  # ignored rows get exactly 0
     return dlogits.reshape(logits_shape)
+
+
+def _minus_the_rest(a: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
+    """a[rows, cols] = minus the sum of its row's other entries, in place: a row of softmax
+    minus one-hot sums to exactly 0, and its target entry, computed so, does not cancel."""
+    a[rows, cols] = 0.0
+    a[rows, cols] = -sum_last(a)[rows, 0]
 
 
 # ------------------------------------------------------- readout and loss, fused (training)
@@ -375,7 +381,6 @@ def _dlogits_in_place(z: np.ndarray, targets: np.ndarray, counted: np.ndarray, n
     loss = -float(((picked - np.log1p(others[:, 0])) * counted).sum())
     z[r, top] = 1.0
     z /= 1.0 + others  # softmax
-    z[r, targets] = 0.0
-    z[r, targets] = -sum_last(z)[:, 0]  # p_y - 1 as minus the others' mass: no cancellation
+    _minus_the_rest(z, r, targets)  # p_y - 1 as minus the others' mass: no cancellation
     z *= (1.0 / n) * counted[:, None]  # ignored rows get exactly 0
     return loss
