@@ -159,9 +159,19 @@ def attention_forward(
     return out, AttentionCache(q_scaled, k, v, weights)
 
 
+def contiguous_transpose(x: np.ndarray) -> np.ndarray:
+    """x (..., T, hs) as a contiguous (..., hs, T) copy, for the right side of a product.
+
+    With a transposed view there, OpenBLAS's small products ran at half speed: float32
+    (32, 4, 32, 16) @ (32, 4, 16, 32) 92 -> 46 us, for a 22 us copy. In-process A/B of
+    both products so (q @ k^T forward, dy @ v^T backward): char-lm -0.8%, large -0.6%,
+    copy -0.6% (a step each)."""
+    return np.ascontiguousarray(x.swapaxes(-1, -2))
+
+
 def _weights(q_scaled, k, hidden, out=None) -> np.ndarray:
     """softmax(q_scaled k^T, hidden entries at -inf): (n, H, Tq, Tk), into out if given."""
-    scores = q_scaled @ k.swapaxes(-1, -2)
+    scores = q_scaled @ contiguous_transpose(k)
     if hidden is not None:
         np.copyto(scores, -np.inf, where=hidden)  # far cheaper than scores[hidden] = -inf
     return softmax_last(scores, out=out)  # hidden entries get exactly 0
@@ -185,7 +195,7 @@ def _group_backward(dy, q_scaled, k, v, weights, out: tuple | None = None) -> tu
     """(dq, dk, dv) of a group of batch rows, into out's three arrays if given."""
     dq, dk, dv = (None, None, None) if out is None else out
     # forward was y = weights @ v
-    dweights = dy @ v.swapaxes(-1, -2)  # (n, H, Tq, Tk)
+    dweights = dy @ contiguous_transpose(v)  # (n, H, Tq, Tk)
     dv = np.matmul(weights.swapaxes(-1, -2), dy, out=dv)  # (n, H, Tk, hs)
     dscores = softmax_backward(dweights, weights)  # forward was weights = softmax_last(scores)
     # forward was scores = (q * scale) @ k^T
