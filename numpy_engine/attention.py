@@ -107,7 +107,7 @@ def softmax_backward(dweights: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 class AttentionCache(NamedTuple):
-    q_scaled: np.ndarray  # (B, H, Tq, hs), q / sqrt(hs)
+    q: np.ndarray  # (B, H, Tq, hs)
     k: np.ndarray  # (B, H, Tk, hs)
     v: np.ndarray  # (B, H, Tk, hs)
     weights: np.ndarray  # (B, H, Tq, Tk), rows sum to 1, hidden entries exactly 0
@@ -139,39 +139,43 @@ def attention_forward(
     writes the merged layout itself, no copy after). Past WHOLE_BYTES of scores, a group of
     batch rows at a time (batch_groups); the weights are kept whole, for the backward and
     the study commands."""
-    q_scaled = q * (1.0 / math.sqrt(q.shape[-1]))  # scale q, not the larger scores; a Python
-    shape = (*q.shape[:-1], k.shape[-2])  # float keeps float32 float32. (B, H, Tq, Tk)
+    shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Tq, Tk)
     hidden = None
     if visible is not None:
         check_every_row_sees_a_key(visible, shape)
         hidden = ~visible.reshape((1,) * (4 - visible.ndim) + visible.shape)  # 4-D
-    groups = batch_groups(shape, q_scaled.itemsize)
+    groups = batch_groups(shape, q.itemsize)
     if len(groups) == 1:
-        weights = _weights(q_scaled, k, hidden)
-        return np.matmul(weights, v, out=out), AttentionCache(q_scaled, k, v, weights)
-    weights = np.empty(shape, q_scaled.dtype)
+        weights = _weights(q, k, hidden)
+        return np.matmul(weights, v, out=out), AttentionCache(q, k, v, weights)
+    weights = np.empty(shape, np.result_type(q, k))
     if out is None:
         out = np.empty((*shape[:-1], v.shape[-1]), np.result_type(weights, v))
     for g in groups:
         group_hidden = hidden if hidden is None or len(hidden) == 1 else hidden[g]
-        _weights(q_scaled[g], k[g], group_hidden, out=weights[g])
+        _weights(q[g], k[g], group_hidden, out=weights[g])
         np.matmul(weights[g], v[g], out=out[g])
-    return out, AttentionCache(q_scaled, k, v, weights)
+    return out, AttentionCache(q, k, v, weights)
 
 
-def contiguous_transpose(x: np.ndarray) -> np.ndarray:
-    """x (..., T, hs) as a contiguous (..., hs, T) copy, for the right side of a product.
+def scaled_transpose(x: np.ndarray) -> np.ndarray:
+    """x (..., T, hs) times 1/sqrt(hs), as a contiguous (..., hs, T) array: the right side
+    of q @ k^T / sqrt(hs) and dy @ v^T / sqrt(hs), transposed and scaled in one pass.
 
-    With a transposed view there, OpenBLAS's small products ran at half speed: float32
-    (32, 4, 32, 16) @ (32, 4, 16, 32) 92 -> 46 us, for a 22 us copy. In-process A/B of
-    both products so (q @ k^T forward, dy @ v^T backward): char-lm -0.8%, large -0.6%,
-    copy -0.6% (a step each)."""
-    return np.ascontiguousarray(x.swapaxes(-1, -2))
+    Contiguous, because with a transposed view there OpenBLAS's small products ran at half
+    speed: float32 (32, 4, 32, 16) @ (32, 4, 16, 32) 92 -> 46 us, for a 22 us copy
+    (in-process A/B of both products so: char-lm -0.8%, large -0.6%, copy -0.6% a step).
+    Scaled here, because the copy is a pass anyway: q and the gradients dq, dk need no
+    scaling pass of their own (see _group_backward)."""
+    *leading, T, hs = x.shape
+    out = np.empty((*leading, hs, T), x.dtype)
+    return np.multiply(x.swapaxes(-1, -2), 1.0 / math.sqrt(hs), out=out)  # a Python float
+    # keeps float32 float32
 
 
-def _weights(q_scaled, k, hidden, out=None) -> np.ndarray:
-    """softmax(q_scaled k^T, hidden entries at -inf): (n, H, Tq, Tk), into out if given."""
-    scores = q_scaled @ contiguous_transpose(k)
+def _weights(q, k, hidden, out=None) -> np.ndarray:
+    """softmax(q k^T / sqrt(hs), hidden entries at -inf): (n, H, Tq, Tk), into out if given."""
+    scores = q @ scaled_transpose(k)
     if hidden is not None:
         np.copyto(scores, -np.inf, where=hidden)  # far cheaper than scores[hidden] = -inf
     return softmax_last(scores, out=out)  # hidden entries get exactly 0
@@ -191,17 +195,17 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None 
     return out
 
 
-def _group_backward(dy, q_scaled, k, v, weights, out: tuple | None = None) -> tuple:
+def _group_backward(dy, q, k, v, weights, out: tuple | None = None) -> tuple:
     """(dq, dk, dv) of a group of batch rows, into out's three arrays if given."""
     dq, dk, dv = (None, None, None) if out is None else out
-    # forward was y = weights @ v
-    dweights = dy @ contiguous_transpose(v)  # (n, H, Tq, Tk)
+    # forward was y = weights @ v; dweights is taken times s = 1/sqrt(hs), so the softmax's
+    # backward (linear in dweights) gives s dscores, which is what dq and dk need
+    s_dweights = dy @ scaled_transpose(v)  # (n, H, Tq, Tk)
     dv = np.matmul(weights.swapaxes(-1, -2), dy, out=dv)  # (n, H, Tk, hs)
-    dscores = softmax_backward(dweights, weights)  # forward was weights = softmax_last(scores)
-    # forward was scores = (q * scale) @ k^T
-    dq = np.matmul(dscores, k, out=dq)
-    dq *= 1.0 / math.sqrt(q_scaled.shape[-1])  # (n, H, Tq, hs)
-    dk = np.matmul(dscores.swapaxes(-1, -2), q_scaled, out=dk)  # (n, H, Tk, hs)
+    s_dscores = softmax_backward(s_dweights, weights)  # forward was weights = softmax(scores)
+    # forward was scores = s q @ k^T
+    dq = np.matmul(s_dscores, k, out=dq)  # (n, H, Tq, hs)
+    dk = np.matmul(s_dscores.swapaxes(-1, -2), q, out=dk)  # (n, H, Tk, hs)
     return dq, dk, dv
 
 
