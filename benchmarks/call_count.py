@@ -13,8 +13,10 @@ Only the outermost call counts: a NumPy function that calls ufuncs inside is one
 it is one dispatch from the engine's code. (Array methods that NumPy writes in Python, such
 as `.mean()`, are not seen themselves: they count as the ufunc calls they make.) Not
 counted: attribute reads (`.shape`, `.T`), `.reshape` and other methods that make views,
-array construction from Python (np.empty, np.arange with no array argument). The step is
-not timed: the subclass is slow.
+array construction from Python (np.empty, np.arange with no array argument), and
+`np.asarray` / `np.ascontiguousarray`, which do not dispatch on their argument (their result
+is a plain array, so a product of it with another plain array would go unseen too: the
+engine copies with `np.copy`). The step is not timed: the subclass is slow.
 """
 
 from __future__ import annotations

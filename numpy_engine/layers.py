@@ -36,7 +36,7 @@ def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
     weight_t = weight.T  # (in, out)
     if weight.size <= SMALL_WEIGHT_ENTRIES:
-        weight_t = np.ascontiguousarray(weight_t)
+        weight_t = np.copy(weight_t, order="C")  # not np.ascontiguousarray: see call_count.py
     out = x2 @ weight_t  # (N, out)
     if bias is not None:
         out += bias  # in place: a second (N, out) temporary costs about as much as the add
