@@ -120,3 +120,42 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
     assert W._torch_part("aten::native_layer_norm_backward") == "layernorm"
     assert W._torch_part("aten::copy_") == "other ops"
     assert W._torch_part("autograd::engine::evaluate_function: MmBackward0") == "autograd"
+
+
+def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
+    """benchmarks/ab.py: the revision's packages come out renamed, with no import left that
+    would load the working tree's code instead; a run prints both sides; a bad revision is
+    refused naming it."""
+    import re
+    import subprocess
+    import sys
+
+    from benchmarks import ab
+
+    ab.export_old("HEAD", tmp_path)
+    tracked = subprocess.run(
+        ["git", "-C", str(ab.ROOT), "ls-files", "numpy_engine/*.py", "numpy_engine/**/*.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    exported = sorted(tmp_path.glob("numpy_engine_old/**/*.py"))
+    assert len(exported) == len(set(tracked)) > 20
+    for path in exported:
+        assert not re.search(r"\bnumpy_engine\b", path.read_text()), path
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "benchmarks.ab", *args],
+            cwd=ab.ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    done = run("HEAD", "--configs", "copy", "--steps", "3")
+    assert done.returncode == 0, done.stderr
+    line = next(row for row in done.stdout.splitlines() if row.startswith("copy"))
+    assert float(line.split("new/old")[1]) > 0
+    refused = run("no-such-revision", "--steps", "1")
+    assert refused.returncode == 1 and "no-such-revision" in refused.stderr

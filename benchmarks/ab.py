@@ -1,0 +1,104 @@
+"""A/B of one change: the engine at an earlier commit against the working tree, in one process.
+
+    python -m benchmarks.ab HEAD~1                          # copy and char-lm, 400 pairs
+    python -m benchmarks.ab a19a5c1 --configs large --steps 20
+
+The earlier commit's `numpy_engine/` and `benchmarks/` come out of git (`git archive`) into
+a temporary directory, renamed `numpy_engine_old` and `benchmarks_old` (their imports
+rewritten to match), so both engines load side by side. Each config's workload is built
+by each (the same seeded weights and batches), then training steps alternate old and new
+(the order flipping each pair) after 5 warm-up pairs. It prints each side's median ms a
+step and the median of the pairs' new / old ratios: two steps taken back to back share the
+machine's drift, so the ratio resolves changes of about half a percent, where separate
+processes do not. One BLAS thread (set before NumPy loads); engine only, no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+PACKAGES = ("numpy_engine", "benchmarks")
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+
+
+def export_old(revision: str, into: Path) -> None:
+    """REV's packages into `into`, as numpy_engine_old and benchmarks_old."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", revision, *PACKAGES],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode:
+        raise SystemExit(f"git archive {revision}: {archive.stderr.decode().strip()}")
+    tar_path = into / "old.tar"
+    tar_path.write_bytes(archive.stdout)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(into / "src", filter="data")
+    renamed = re.compile(r"\b(" + "|".join(PACKAGES) + r")\b")
+    for package in PACKAGES:
+        for source in (into / "src" / package).rglob("*.py"):
+            target = into / f"{package}_old" / source.relative_to(into / "src" / package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(renamed.sub(r"\1_old", source.read_text()))
+
+
+def alternate(old, new, name: str, pairs: int) -> tuple[float, float, float]:
+    """(old median ms, new median ms, median new / old) over pairs of alternating steps."""
+    sides = []
+    for workloads in (old, new):
+        model, optimizer, batches = workloads.build(workloads.WORKLOADS[name], 4)
+        sides.append((workloads, model, optimizer, batches, []))
+    for i in range(pairs + 5):
+        for workloads, model, optimizer, batches, times in sides if i % 2 else sides[::-1]:
+            start = time.perf_counter()
+            workloads.engine_step(model, optimizer, batches[i % 4])
+            if i >= 5:  # warm-up pairs
+                times.append(time.perf_counter() - start)
+    old_times, new_times = sides[0][4], sides[1][4]
+    ratios = [b / a for a, b in zip(old_times, new_times, strict=True)]
+    return (
+        1e3 * statistics.median(old_times),
+        1e3 * statistics.median(new_times),
+        statistics.median(ratios),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__)
+    parser.add_argument("revision", help="the commit to compare against (e.g. HEAD~1)")
+    parser.add_argument("--configs", nargs="+", default=["copy", "char-lm"])
+    parser.add_argument("--steps", type=int, default=400, help="pairs of steps per config")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = "1"  # read when NumPy loads, below
+    with tempfile.TemporaryDirectory() as tmp:
+        export_old(args.revision, Path(tmp))
+        sys.path.insert(0, tmp)
+        from benchmarks_old import workloads as old  # type: ignore[import-not-found]
+
+        from benchmarks import workloads as new
+        from numpy_engine.memory import keep_freed_memory
+
+        keep_freed_memory()
+        unknown = set(args.configs) - new.WORKLOADS.keys()
+        if unknown:
+            parser.error(f"unknown configs {sorted(unknown)}; known: {sorted(new.WORKLOADS)}")
+        print(f"{args.revision} (old) against the working tree (new), one thread")
+        for name in args.configs:
+            old_ms, new_ms, ratio = alternate(old, new, name, args.steps)
+            print(f"{name:8s} old {old_ms:9.3f} ms  new {new_ms:9.3f} ms  new/old {ratio:.4f}")
+
+
+if __name__ == "__main__":
+    main()
