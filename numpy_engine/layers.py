@@ -24,10 +24,8 @@ from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
 # ----------------------------------------------------------------------------- linear
 
 
-# Weights up to this size are copied into (in, out) order for the forward product: with
-# W.T a view, in-process A/B put the step 0.7-1.5% slower on char-lm, 0.5-0.8% on copy.
-# Large ones stay views: NumPy's transposing copy of GPT-2's (50257, 768) head takes 168 ms
-# (its step +14% with every weight copied).
+# Weights up to this size are copied into (in, out) order for the forward product (A/B: char-lm
+# 0.7-1.5% faster than on a W.T view); a large one's transposing copy costs more (GPT-2's: 14%).
 SMALL_WEIGHT_ENTRIES = 65536
 
 
@@ -312,15 +310,9 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     if n_counted == 0:
         raise InputError(f"targets: every target equals ignore_index={ignore_index}; no loss")
     rows = np.arange(len(flat_targets))
-    top = logits2.argmax(axis=-1)  # (N,) the largest class of each row
-    # shifted by the row max, the top class's term is exp(0) = 1 exactly: no overflow, and
-    # log(sum exp) = log(1 + others) with others = the other classes' mass. When one class
-    # dominates, 1 + others rounds away most of others' digits, and the loss (which is
-    # log(1 + others) itself for a right, confident prediction) with them: so log1p(others).
-    shifted = logits2 - logits2[rows, top][:, None]  # (N, V), <= 0
+    shifted, top = _shifted_by_row_max(logits2, rows)  # (N, V), <= 0
     others = np.exp(shifted)
-    others[rows, top] = 0.0
-    log_probs = shifted - np.log1p(sum_last(others))  # (N, V)
+    log_probs = shifted - np.log1p(_other_classes_mass(others, rows, top))  # (N, V)
     safe_targets = np.where(counted, flat_targets, 0)  # ignored rows read class 0, then drop
     picked = log_probs[rows, safe_targets]  # (N,)
     loss = -(picked * counted).sum() / n_counted
@@ -332,11 +324,24 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray
     log_probs, safe_targets, counted, n_counted, logits_shape = cache
     dlogits = np.exp(log_probs)  # softmax, (N, V)
     rows = np.arange(len(safe_targets))
-    # p_y - 1 computed as minus the other classes' mass: when the model is confident,
-    # p_y rounds near 1 and p_y - 1 would cancel to a few correct digits (float32).
-    _minus_the_rest(dlogits, rows, safe_targets)
+    _minus_the_rest(dlogits, rows, safe_targets)  # p_y - 1 as minus the others: no cancellation
     dlogits *= (dloss / n_counted) * counted[:, None]  # ignored rows get exactly 0
     return dlogits.reshape(logits_shape)
+
+
+def _shifted_by_row_max(z: np.ndarray, rows: np.ndarray, out=None) -> tuple:
+    """(z minus each row's max, into out if given; each row's top class). The top class's
+    term is then exp(0) = 1 exactly: no overflow, and log(sum exp) = log(1 + others)."""
+    top = z.argmax(axis=-1)  # (n,)
+    return np.subtract(z, z[rows, top][:, None], out=out), top
+
+
+def _other_classes_mass(exp_shifted: np.ndarray, rows: np.ndarray, top: np.ndarray):
+    """others, (n, 1): exp(shifted)'s row sums without the top class (zeroed in place).
+    1 + others would round away most of others' digits when one class dominates, and the
+    loss (log(1 + others) itself for a right, confident prediction) with them: log1p."""
+    exp_shifted[rows, top] = 0.0
+    return sum_last(exp_shifted)
 
 
 def _minus_the_rest(a: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
@@ -380,15 +385,12 @@ def linear_cross_entropy(
 
 def _dlogits_in_place(z: np.ndarray, targets: np.ndarray, counted: np.ndarray, n: int) -> float:
     """Logits z (n_rows, V) -> (softmax - onehot) / n on counted rows, in place; returns the
-    block's summed loss. The same steps as cross_entropy_forward and _backward: shift by the
-    row max, log1p of the other classes' mass, the target's entry as minus the others'."""
+    block's summed loss, with cross_entropy_forward's and _backward's helpers."""
     r = np.arange(len(z))
-    top = z.argmax(axis=-1)
-    z -= z[r, top][:, None]  # shifted, <= 0
+    _, top = _shifted_by_row_max(z, r, out=z)  # z <= 0 now
     picked = z[r, targets]  # the targets' shifted logits
     np.exp(z, out=z)
-    z[r, top] = 0.0
-    others = sum_last(z)  # (n_rows, 1): the other classes' mass
+    others = _other_classes_mass(z, r, top)  # (n_rows, 1)
     loss = -float(((picked - np.log1p(others[:, 0])) * counted).sum())
     z[r, top] = 1.0
     z /= 1.0 + others  # softmax
