@@ -175,7 +175,11 @@ def scaled_transpose(x: np.ndarray) -> np.ndarray:
 
 def _weights(q, k, hidden, out=None) -> np.ndarray:
     """softmax(q k^T / sqrt(hs), hidden entries at -inf): (n, H, Tq, Tk), into out if given."""
-    scores = q @ scaled_transpose(k)
+    if q.shape[-2] > 1:
+        scores = q @ scaled_transpose(k)
+    else:  # one query (a decoding step): the product reads k once, a copy would only add a
+        # pass over every past key (GPT-2 at 1024 positions: 53 -> 654 us a layer)
+        scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.swapaxes(-1, -2)
     if hidden is not None:
         np.copyto(scores, -np.inf, where=hidden)  # far cheaper than scores[hidden] = -inf
     return softmax_last(scores, out=out)  # hidden entries get exactly 0
