@@ -24,16 +24,17 @@ from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
 # ----------------------------------------------------------------------------- linear
 
 
-# Weights up to this size are copied into (in, out) order for the forward product (A/B: char-lm
-# 0.7-1.5% faster than on a W.T view); a large one's transposing copy costs more (GPT-2's: 14%).
-SMALL_WEIGHT_ENTRIES = 65536
+# Small weights are copied into (in, out) order for a product over many rows (A/B: char-lm
+# 0.7-1.5% faster than on a W.T view); a large weight's copy costs more (GPT-2's: 14%), and
+# so does any copy for a few rows (decoding with the KV cache: 1100 -> 956 tokens/s).
+SMALL_WEIGHT_ENTRIES, MANY_ROWS = 65536, 64
 
 
 def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> tuple:
     """y = x @ weight.T + bias, weight stored (out, in) as in PyTorch; bias None: no bias."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
     weight_t = weight.T  # (in, out)
-    if weight.size <= SMALL_WEIGHT_ENTRIES:
+    if weight.size <= SMALL_WEIGHT_ENTRIES and len(x2) >= MANY_ROWS:
         weight_t = np.copy(weight_t, order="C")  # not np.ascontiguousarray: see call_count.py
     out = x2 @ weight_t  # (N, out)
     if bias is not None:
