@@ -5,7 +5,8 @@ gpt2's sizes (124M parameters), float32, random weights shared by both, one thre
   alternating after a warm-up; median ms per step and the median ratio of pairs;
 - each side's peak memory over two steps, each in a fresh process (the engine's never
   imports torch);
-- generation, batch 1, a 64-token prompt, 64 new tokens, greedy with each side's KV cache.
+- generation, batch 1, a 64-token prompt, 64 new tokens, greedy with each side's KV cache;
+  after a short warm-up, the median of three alternating runs a side.
 
     numpy-engine bench --configs gpt2        (or python -m benchmarks.gpt2)
 """
@@ -82,10 +83,11 @@ class TorchTrainer:
         return loss.item()
 
 
-def _timed(step, batch) -> tuple[float, float]:
+def _timed(fn, arg) -> tuple[float, object]:
+    """(seconds fn(arg) took, its result)."""
     start = time.perf_counter()
-    loss = step(batch)
-    return time.perf_counter() - start, loss
+    result = fn(arg)
+    return time.perf_counter() - start, result
 
 
 def time_steps(steps: int) -> dict:
@@ -106,7 +108,13 @@ def time_steps(steps: int) -> dict:
     }
 
 
+GENERATION_REPEATS = 3  # alternating, after one short warm-up run of each side
+
+
 def time_generation() -> dict:
+    """Median tokens/s of each side over GENERATION_REPEATS alternating runs, and whether the
+    tokens match. (One run a side was at the mercy of the machine's drift: four runs of the
+    engine's same 64 tokens read 21.1-23.1 tokens/s here, the first 22.3.)"""
     import torch
 
     from numpy_engine.generate import generate
@@ -114,23 +122,31 @@ def time_generation() -> dict:
     model = engine_model()
     reference = TorchTrainer(model).hf.eval()
     prompt = np.random.default_rng(1).integers(0, 50257, (1, PROMPT))
-    start = time.perf_counter()
-    ours = generate(model, prompt, NEW_TOKENS)
-    engine_s = time.perf_counter() - start
-    with torch.no_grad():
-        start = time.perf_counter()
-        theirs = reference.generate(
-            torch.from_numpy(prompt),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
-        torch_s = time.perf_counter() - start
+
+    def ours(new_tokens: int) -> np.ndarray:
+        return generate(model, prompt, new_tokens)
+
+    def theirs(new_tokens: int) -> np.ndarray:
+        with torch.no_grad():
+            return reference.generate(
+                torch.from_numpy(prompt),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            ).numpy()
+
+    ours(4), theirs(4)  # warm-up
+    seconds: dict = {ours: [], theirs: []}
+    tokens = {}
+    for _ in range(GENERATION_REPEATS):
+        for side in (ours, theirs):
+            elapsed, tokens[side] = _timed(side, NEW_TOKENS)
+            seconds[side].append(elapsed)
     return {
-        "engine_tokens_per_s": NEW_TOKENS / engine_s,
-        "torch_tokens_per_s": NEW_TOKENS / torch_s,
-        "same_tokens": bool(np.array_equal(ours, theirs.numpy())),
+        "engine_tokens_per_s": NEW_TOKENS / statistics.median(seconds[ours]),
+        "torch_tokens_per_s": NEW_TOKENS / statistics.median(seconds[theirs]),
+        "same_tokens": bool(np.array_equal(tokens[ours], tokens[theirs])),
     }
 
 
