@@ -73,10 +73,21 @@ def alternate(old, new, name: str, pairs: int) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.ab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("revision", help="the commit to compare against (e.g. HEAD~1)")
-    parser.add_argument("--configs", nargs="+", default=["copy", "char-lm"])
-    parser.add_argument("--steps", type=int, default=400, help="pairs of steps per config")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["copy", "char-lm"],
+        help="workloads of benchmarks/workloads.py: copy, char-lm, large (default: copy char-lm)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=400, help="timed pairs of steps per config (default: 400)"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
