@@ -64,11 +64,10 @@ def alternate(old, new, name: str, pairs: int) -> tuple[float, float, float]:
             if i >= 5:  # warm-up pairs
                 times.append(time.perf_counter() - start)
     old_times, new_times = sides[0][4], sides[1][4]
-    ratios = [b / a for a, b in zip(old_times, new_times, strict=True)]
     return (
         1e3 * statistics.median(old_times),
         1e3 * statistics.median(new_times),
-        statistics.median(ratios),
+        new.paired_ratio(new_times, old_times),
     )
 
 

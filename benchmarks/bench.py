@@ -27,7 +27,7 @@ from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
 from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
 from benchmarks.workloads import WORKLOADS as CONFIGS
-from benchmarks.workloads import Workload, engine_step, peak_rss_mb
+from benchmarks.workloads import Workload, engine_step, paired_ratio, peak_rss_mb
 from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPTConfig
@@ -77,9 +77,7 @@ def time_config(cfg: Workload, steps: int, warmup: int) -> dict:
             engine_ms.append(1e3 * t_engine)
             torch_ms.append(1e3 * t_torch)
     engine, reference = statistics.median(engine_ms), statistics.median(torch_ms)
-    # each engine step against the torch step right after it: this machine's speed drifts,
-    # and a pair shares the drift, so the median of the pairs' ratios moves less
-    ratio = statistics.median(e / t for e, t in zip(engine_ms, torch_ms, strict=True))
+    ratio = paired_ratio(engine_ms, torch_ms)  # each engine step against the next torch one
     flops = flops_per_step(cfg, model)
     return {
         "engine_ms": engine,

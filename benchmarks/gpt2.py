@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from benchmarks.workloads import peak_rss_mb
+from benchmarks.workloads import paired_ratio, peak_rss_mb
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW
@@ -104,7 +104,7 @@ def time_steps(steps: int) -> dict:
     return {
         "engine_ms": 1e3 * statistics.median(engine_s),
         "torch_ms": 1e3 * statistics.median(torch_s),
-        "ratio": statistics.median(e / t for e, t in zip(engine_s, torch_s, strict=True)),
+        "ratio": paired_ratio(engine_s, torch_s),
     }
 
 

@@ -7,6 +7,7 @@ process that never imports torch, so its peak memory is the engine's own.
 from __future__ import annotations
 
 import resource
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,13 @@ def build(workload: Workload, n_batches: int):
     B, length = workload.batch_size, workload.length
     batches = [kind.example_batch(model.config, rng, B, length) for _ in range(n_batches)]
     return model, workload.optimizer(model.params, lr=1e-3), batches
+
+
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """The median of numerators[i] / denominators[i], each pair timed back to back: this
+    machine's speed drifts, a pair shares the drift, so the pairs' ratios move less than
+    the ratio of the two medians."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
 def engine_step(model, optimizer, batch) -> float:

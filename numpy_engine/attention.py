@@ -158,19 +158,23 @@ def attention_forward(
     return out, AttentionCache(q, k, v, weights)
 
 
+def score_scale(x: np.ndarray) -> float:
+    """1/sqrt(hs) for x (..., hs): a Python float, so float32 stays float32."""
+    return 1.0 / math.sqrt(x.shape[-1])
+
+
 def scaled_transpose(x: np.ndarray) -> np.ndarray:
     """x (..., T, hs) times 1/sqrt(hs), as a contiguous (..., hs, T) array: the right side
     of q @ k^T / sqrt(hs) and dy @ v^T / sqrt(hs), transposed and scaled in one pass.
 
     Contiguous, because with a transposed view there OpenBLAS's small products ran at half
     speed: float32 (32, 4, 32, 16) @ (32, 4, 16, 32) 92 -> 46 us, for a 22 us copy
-    (in-process A/B of both products so: char-lm -0.8%, large -0.6%, copy -0.6% a step).
-    Scaled here, because the copy is a pass anyway: q and the gradients dq, dk need no
-    scaling pass of their own (see _group_backward)."""
+    (in-process A/B of both products so: char-lm -0.8% to -1.4%, large -0.6%, copy -0.5%
+    a step). Scaled here, because the copy is a pass anyway: q and the gradients dq, dk
+    need no scaling pass of their own (see _group_backward)."""
     *leading, T, hs = x.shape
     out = np.empty((*leading, hs, T), x.dtype)
-    return np.multiply(x.swapaxes(-1, -2), 1.0 / math.sqrt(hs), out=out)  # a Python float
-    # keeps float32 float32
+    return np.multiply(x.swapaxes(-1, -2), score_scale(x), out=out)
 
 
 def _weights(q, k, hidden, out=None) -> np.ndarray:
@@ -179,7 +183,7 @@ def _weights(q, k, hidden, out=None) -> np.ndarray:
         scores = q @ scaled_transpose(k)
     else:  # one query (a decoding step): the product reads k once, a copy would only add a
         # pass over every past key (GPT-2 at 1024 positions: 53 -> 654 us a layer)
-        scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.swapaxes(-1, -2)
+        scores = (q * score_scale(q)) @ k.swapaxes(-1, -2)
     if hidden is not None:
         np.copyto(scores, -np.inf, where=hidden)  # far cheaper than scores[hidden] = -inf
     return softmax_last(scores, out=out)  # hidden entries get exactly 0

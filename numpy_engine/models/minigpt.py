@@ -55,13 +55,15 @@ class GPTConfig:
             raise InputError(f"eos_id={self.eos_id} must be in [0, vocab_size={self.vocab_size})")
 
 
+def normal_init(rng: np.random.Generator):
+    """init(shape) -> N(0, 0.02) draws from rng: GPT-2's weights and embeddings."""
+    return lambda shape: rng.normal(0.0, 0.02, shape)
+
+
 def trunk_params(cfg: GPTConfig, rng: np.random.Generator) -> dict:
     """Everything but the head: embeddings N(0, 0.02), blocks' weight matrices N(0, 0.02),
     zero biases, unit layernorms, in the order the forward uses them."""
-
-    def init(shape):
-        return rng.normal(0.0, 0.02, shape)
-
+    init = normal_init(rng)
     C, F = cfg.d_model, cfg.d_ff
     params = {
         "tok_embed.weight": init((cfg.vocab_size, C)),
@@ -93,10 +95,8 @@ class MiniGPT(Model):
     @staticmethod
     def _init_params(cfg: GPTConfig, rng: np.random.Generator) -> dict:
         """N(0, 0.02) for embeddings and weight matrices, as GPT-2; zero biases."""
-        params = trunk_params(cfg, rng)
-        head = linear_params(
-            lambda shape: rng.normal(0.0, 0.02, shape), cfg.vocab_size, cfg.d_model
-        )
+        params = trunk_params(cfg, rng)  # drawn first: the head's draws come after
+        head = linear_params(normal_init(rng), cfg.vocab_size, cfg.d_model)
         return params | with_prefix(head, "head.")
 
     def forward(self, idx: np.ndarray) -> tuple:
