@@ -25,13 +25,16 @@ from numpy_engine.blocking import slices
 from numpy_engine.checks import InputError, InputTypeError
 from numpy_engine.params import unflatten
 
-BLOCK_BYTES = 1 << 18  # of each vector updated together (64K float32 entries): in L2 cache
+BLOCK_BYTES = 1 << 20  # of each vector updated together (256K float32 entries)
 
 
 def blocks(flat: np.ndarray) -> list[slice]:
     """Slices of flat, BLOCK_BYTES each. An update made of several whole-vector operations,
     run block by block, reads each array from memory once instead of once per operation:
-    on a 124M-parameter model that is most of the optimizer's time."""
+    on a 124M-parameter model that is most of the optimizer's time. Measured there (float32,
+    an AdamW step with clipping, one thread, sizes alternating in one process, median of 6):
+    whole vectors 908 ms; blocks of 256 KB 304-306 ms, 512 KB 292, 1 MB 282-283, 2 MB 284,
+    4 MB 325. Fewer blocks are fewer calls; past 2 MB the blocks' arrays leave the caches."""
     return slices(flat.size, flat.itemsize, BLOCK_BYTES)
 
 
