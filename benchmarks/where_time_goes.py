@@ -39,10 +39,19 @@ from benchmarks.call_count import calls_per_step
 from benchmarks.matmul_floor import best_seconds
 
 ENGINE_PARTS = {  # part: functions timed, by module
-    "linear": {"layers": ["linear_forward", "linear_backward"]},
+    "linear": {
+        "layers": ["linear_forward", "linear_backward", "_folded_forward", "_folded_backward"]
+    },
     "attention": {"attention": ["attention_forward", "attention_backward"]},
     "heads": {"attention": ["split_heads", "heads_buffer", "_stacked", "_unstacked"]},
-    "layernorm": {"layers": ["layernorm_forward", "layernorm_backward"]},
+    "layernorm": {
+        "layers": [
+            "layernorm_forward",
+            "layernorm_backward",
+            "normalize_forward",
+            "normalize_backward",
+        ]
+    },
     "activation": {"layers": ["gelu_forward", "gelu_backward", "relu_forward", "relu_backward"]},
     "embedding": {
         "layers": [

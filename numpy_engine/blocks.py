@@ -19,11 +19,40 @@ from numpy_engine.attention import (
     self_attention_forward,
 )
 from numpy_engine.keys import sub
-from numpy_engine.layers import ffn_backward, ffn_forward, layernorm_backward, layernorm_forward
+from numpy_engine.layers import (
+    ffn_backward,
+    ffn_forward,
+    layernorm_backward,
+    layernorm_forward,
+    normalize_backward,
+    normalize_forward,
+)
+
+# Fold when x has at least 4x as many rows as the projection has outputs, and 16K entries:
+# on the copy model's tiny arrays (4K entries) a fold's few more calls cost the step 1.9%.
+FOLD_ROWS, FOLD_ENTRIES = 4, 16384
 
 
-def _layernorm(x: np.ndarray, p: dict[str, np.ndarray], name: str) -> tuple:
-    return layernorm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"])
+def normed(x: np.ndarray, p: dict, name: str, width: int) -> tuple:
+    """(The layernorm `name` of x, its cache, None), or, when the projection it feeds (width
+    outputs) is small against x's rows, (x normalised without the layernorm's scale and
+    shift, its cache, that (scale, shift)) for the projection to fold into its weight and
+    bias (layers.linear_forward's affine): passes over the (width, C) weight instead of
+    over x, two forward and three backward."""
+    if x.size < max(FOLD_ROWS * width * x.shape[-1], FOLD_ENTRIES):
+        xn, cache = layernorm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"])
+        return xn, cache, None
+    xhat, cache = normalize_forward(x)
+    return xhat, cache, (p[f"{name}.weight"], p[f"{name}.bias"])
+
+
+def normed_backward(dxn: np.ndarray, cache: tuple, sublayer_grads: dict) -> tuple:
+    """(dx, the layernorm's grads) of normed; a folded layernorm's grads are those of the
+    projection's affine, taken out of sublayer_grads."""
+    if "input_scale" not in sublayer_grads:
+        return layernorm_backward(dxn, cache)
+    grads = {"weight": sublayer_grads.pop("input_scale"), "bias": sublayer_grads.pop("input_shift")}
+    return normalize_backward(dxn, cache), grads
 
 
 def _residual(skip: np.ndarray, branch: np.ndarray) -> np.ndarray:
@@ -62,11 +91,11 @@ def self_attention_block_forward(
     attention's keys and values of earlier positions (see self_attention_forward);
     keys_values(cache.attn) is the next step's.
     """
-    xn, ln1 = _layernorm(x, p, "ln1")
-    a, attn = self_attention_forward(xn, sub(p, "attn."), n_heads, visible, past)  # (B, T, C)
-    h = _residual(x, a)
-    hn, ln2 = _layernorm(h, p, "ln2")
-    f, ffn = ffn_forward(hn, sub(p, "ffn."), activation)  # (B, T, C)
+    xn, ln1, affine = normed(x, p, "ln1", 3 * x.shape[-1])  # into q, k, v
+    a, attn = self_attention_forward(xn, sub(p, "attn."), n_heads, visible, past, affine)
+    h = _residual(x, a)  # (B, T, C)
+    hn, ln2, affine = normed(h, p, "ln2", len(p["ffn.fc1.bias"]))
+    f, ffn = ffn_forward(hn, sub(p, "ffn."), activation, affine)  # (B, T, C)
     out = _residual(h, f)
     return out, SelfBlockCache(ln1, attn, ln2, ffn)
 
@@ -74,10 +103,10 @@ def self_attention_block_forward(
 def self_attention_block_backward(dout: np.ndarray, cache: SelfBlockCache) -> tuple:
     """See docs/gradients.md#residual-blocks. Returns (dx, grads keyed like p)."""
     dhn, ffn_grads = ffn_backward(dout, cache.ffn)
-    dh_ln2, ln2_grads = layernorm_backward(dhn, cache.ln2)
+    dh_ln2, ln2_grads = normed_backward(dhn, cache.ln2, ffn_grads)
     dh = _residual(dout, dh_ln2)  # h fed the skip and the FFN
     dxn, attn_grads = self_attention_backward(dh, cache.attn)  # sums the q, k and v paths
-    dx_ln1, ln1_grads = layernorm_backward(dxn, cache.ln1)
+    dx_ln1, ln1_grads = normed_backward(dxn, cache.ln1, attn_grads)
     dx = _residual(dh, dx_ln1)  # x fed the skip and the attention
     return dx, _named(ln1=ln1_grads, attn=attn_grads, ln2=ln2_grads, ffn=ffn_grads)
 
@@ -111,16 +140,18 @@ def decoder_block_forward(
     For incremental decoding, past holds the self-attention's earlier keys and values and
     memory_kv the cross-attention's over memory (see attention.py).
     """
-    yn, ln1 = _layernorm(y, p, "ln1")
-    a, self_attn = self_attention_forward(yn, sub(p, "self_attn."), n_heads, self_visible, past)
+    yn, ln1, affine = normed(y, p, "ln1", 3 * y.shape[-1])
+    a, self_attn = self_attention_forward(
+        yn, sub(p, "self_attn."), n_heads, self_visible, past, affine
+    )
     h1 = _residual(y, a)  # (B, T, C)
-    h1n, ln2 = _layernorm(h1, p, "ln2")
+    h1n, ln2, affine = normed(h1, p, "ln2", h1.shape[-1])  # into q
     c, cross_attn = cross_attention_forward(
-        h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible, memory_kv
+        h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible, memory_kv, affine
     )
     h2 = _residual(h1, c)  # (B, T, C)
-    h2n, ln3 = _layernorm(h2, p, "ln3")
-    f, ffn = ffn_forward(h2n, sub(p, "ffn."), activation)
+    h2n, ln3, affine = normed(h2, p, "ln3", len(p["ffn.fc1.bias"]))
+    f, ffn = ffn_forward(h2n, sub(p, "ffn."), activation, affine)
     out = _residual(h2, f)
     return out, DecoderBlockCache(ln1, self_attn, ln2, cross_attn, ln3, ffn)
 
@@ -128,13 +159,13 @@ def decoder_block_forward(
 def decoder_block_backward(dout: np.ndarray, cache: DecoderBlockCache) -> tuple:
     """See docs/gradients.md#residual-blocks. Returns (dy, dmemory, grads keyed like p)."""
     dh2n, ffn_grads = ffn_backward(dout, cache.ffn)
-    dh2_ln3, ln3_grads = layernorm_backward(dh2n, cache.ln3)
+    dh2_ln3, ln3_grads = normed_backward(dh2n, cache.ln3, ffn_grads)
     dh2 = _residual(dout, dh2_ln3)  # h2 fed the skip and the FFN
     dh1n, dmemory, cross_grads = cross_attention_backward(dh2, cache.cross_attn)
-    dh1_ln2, ln2_grads = layernorm_backward(dh1n, cache.ln2)
+    dh1_ln2, ln2_grads = normed_backward(dh1n, cache.ln2, cross_grads)
     dh1 = _residual(dh2, dh1_ln2)  # h1 fed the skip and the cross-attention
     dyn, self_grads = self_attention_backward(dh1, cache.self_attn)  # sums q, k and v paths
-    dy_ln1, ln1_grads = layernorm_backward(dyn, cache.ln1)
+    dy_ln1, ln1_grads = normed_backward(dyn, cache.ln1, self_grads)
     dy = _residual(dh1, dy_ln1)  # y fed the skip and the self-attention
     grads = _named(ln1=ln1_grads, self_attn=self_grads, ln2=ln2_grads, cross_attn=cross_grads)
     return dy, dmemory, grads | _named(ln3=ln3_grads, ffn=ffn_grads)

@@ -30,8 +30,16 @@ from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
 SMALL_WEIGHT_ENTRIES, MANY_ROWS = 65536, 64
 
 
-def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> tuple:
-    """y = x @ weight.T + bias, weight stored (out, in) as in PyTorch; bias None: no bias."""
+def linear_forward(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, affine: tuple | None = None
+) -> tuple:
+    """y = x @ weight.T + bias, weight stored (out, in) as in PyTorch; bias None: no bias.
+
+    affine (scale, shift), each (in,): x enters as x * scale + shift (a layernorm's scale and
+    shift, see blocks._normed), folded into the weight and bias (docs/gradients.md#linear):
+    (x s + t) W^T + b = x (W s)^T + (b + W t)."""
+    if affine is not None:
+        return _folded_forward(x, weight, bias, affine)
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
     weight_t = weight.T  # (in, out)
     if weight.size <= SMALL_WEIGHT_ENTRIES and len(x2) >= MANY_ROWS:
@@ -46,7 +54,10 @@ def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -
 
 def linear_backward(dout: np.ndarray, cache: tuple) -> tuple:
     """See docs/gradients.md#linear. Returns (dx, {"weight": dweight, "bias": dbias}), without
-    "bias" when the forward had none."""
+    "bias" when the forward had none; with "input_scale" and "input_shift" when it had an
+    affine."""
+    if type(cache) is FoldedCache:
+        return _folded_backward(dout, cache)
     x, weight, has_bias = cache
     dout2 = dout.reshape(-1, dout.shape[-1])  # (N, out)
     x2 = x.reshape(-1, x.shape[-1])  # (N, in)
@@ -56,6 +67,35 @@ def linear_backward(dout: np.ndarray, cache: tuple) -> tuple:
         return dx, {"weight": dweight}
     dbias = sum_leading(dout2)  # the bias was broadcast over all N rows
     return dx, {"weight": dweight, "bias": dbias}
+
+
+class FoldedCache(NamedTuple):
+    linear: tuple  # linear_forward's cache of the product with the folded weight and bias
+    weight: np.ndarray  # (out, in) as given
+    affine: tuple  # (scale, shift)
+    has_bias: bool  # whether the linear itself has one (the folded product always does)
+
+
+def _folded_forward(x, weight, bias, affine) -> tuple:
+    scale, shift = affine
+    folded_bias = weight @ shift  # (out,): always a bias, even where the linear has none
+    if bias is not None:
+        folded_bias += bias
+    out, cache = linear_forward(x, weight * scale, folded_bias)
+    return out, FoldedCache(cache, weight, affine, bias is not None)
+
+
+def _folded_backward(dout: np.ndarray, cache: FoldedCache) -> tuple:
+    """The folded product's gradients, then those of W, b, s and t (docs/gradients.md#linear):
+    dW = dW' s + db t^T, db = db', ds = sum over out of W * dW', dt = W^T db'."""
+    dx, folded = linear_backward(dout, cache.linear)
+    (scale, shift), weight = cache.affine, cache.weight
+    dweight = folded["weight"] * scale
+    dweight += np.multiply.outer(folded["bias"], shift)
+    grads = {"weight": dweight, "bias": folded["bias"]} if cache.has_bias else {"weight": dweight}
+    grads["input_scale"] = sum_leading(weight * folded["weight"])
+    grads["input_shift"] = folded["bias"] @ weight
+    return dx, grads
 
 
 # -------------------------------------------------------------------------- embedding
@@ -149,6 +189,15 @@ def layernorm_forward(
     x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5
 ) -> tuple:
     """Normalise the last axis with the biased variance, then scale and shift."""
+    xhat, norm = normalize_forward(x, eps)
+    out = xhat * weight
+    out += bias
+    cache = (norm, weight)
+    return out, cache
+
+
+def normalize_forward(x: np.ndarray, eps: float = 1e-5) -> tuple:
+    """A layernorm without its scale and shift: (x - mean) / sqrt(var + eps) over the last axis."""
     xc = x - mean_last(x)  # (..., C)
     # The mean rounds at u |x|, which where |mean| >> std is far more than u std: one more
     # pass over xc, whose own mean is that rounding, removes it (the corrected two-pass).
@@ -157,27 +206,31 @@ def layernorm_forward(
     rstd = 1.0 / np.sqrt(var + eps)  # (..., 1)
     xhat = xc
     xhat *= rstd  # (..., C), in place: xc is not needed again
-    out = xhat * weight
-    out += bias
-    cache = (xhat, rstd, weight)
-    return out, cache
+    return xhat, (xhat, rstd)
 
 
 def layernorm_backward(dout: np.ndarray, cache: tuple) -> tuple:
     """See docs/gradients.md#layernorm: three terms, from xhat's direct path, the mean and the
     variance. Returns (dx, {"weight": dweight, "bias": dbias})."""
-    xhat, rstd, weight = cache
+    norm, weight = cache
+    xhat, _ = norm
     # forward was out = xhat * weight + bias; weight and bias were shared by every row
     dweight = sum_leading(dout * xhat)
     dbias = sum_leading(dout)
     dxhat = dout * weight  # g in docs/gradients.md
+    return normalize_backward(dxhat, norm), {"weight": dweight, "bias": dbias}
+
+
+def normalize_backward(dxhat: np.ndarray, cache: tuple) -> np.ndarray:
+    """dx of normalize_forward; overwrites dxhat."""
+    xhat, rstd = cache
     # forward was xhat = (x - mean) * rstd: the direct path, minus the mean's, minus the variance's
     mean_dxhat_xhat = dot_last(dxhat, xhat) * (1.0 / xhat.shape[-1])  # (..., 1)
     dx = dxhat
     dx -= mean_last(dxhat)  # in place from here: dxhat is not needed again
     dx -= xhat * mean_dxhat_xhat
     dx *= rstd
-    return dx, {"weight": dweight, "bias": dbias}
+    return dx
 
 
 # ------------------------------------------------------------------------ activations
@@ -268,10 +321,12 @@ class FFNCache(NamedTuple):
     activation: str
 
 
-def ffn_forward(x: np.ndarray, p: dict[str, np.ndarray], activation: str) -> tuple:
+def ffn_forward(
+    x: np.ndarray, p: dict[str, np.ndarray], activation: str, affine: tuple | None = None
+) -> tuple:
     """fc2(act(fc1(x))): (..., C) -> (..., F) -> (..., C). p holds fc1.* and fc2.*."""
     act_forward, _ = ACTIVATIONS[activation]
-    h, fc1_cache = linear_forward(x, p["fc1.weight"], p["fc1.bias"])  # (..., F)
+    h, fc1_cache = linear_forward(x, p["fc1.weight"], p["fc1.bias"], affine)  # (..., F)
     a, act_cache = act_forward(h)  # (..., F)
     out, fc2_cache = linear_forward(a, p["fc2.weight"], p["fc2.bias"])  # (..., C)
     return out, FFNCache(fc1_cache, act_cache, fc2_cache, activation)
@@ -283,7 +338,11 @@ def ffn_backward(dout: np.ndarray, cache: FFNCache) -> tuple:
     da, fc2_grads = linear_backward(dout, cache.fc2)  # forward was out = fc2(a)
     dh = act_backward(da, cache.act)  # forward was a = act(h)
     dx, fc1_grads = linear_backward(dh, cache.fc1)  # forward was h = fc1(x)
-    return dx, with_prefix(fc1_grads, "fc1.") | with_prefix(fc2_grads, "fc2.")
+    grads = with_prefix(fc1_grads, "fc1.") | with_prefix(fc2_grads, "fc2.")
+    if "input_scale" in fc1_grads:  # fc1 folded its input's affine: those grads keep their names
+        grads["input_scale"] = grads.pop("fc1.input_scale")
+        grads["input_shift"] = grads.pop("fc1.input_shift")
+    return dx, grads
 
 
 # ---------------------------------------------------------------------- cross-entropy
@@ -363,12 +422,14 @@ def linear_cross_entropy(
     bias: np.ndarray | None,
     targets: np.ndarray,
     ignore_index: int,
+    affine: tuple | None = None,
 ) -> tuple:
     """The readout and the loss fused, for training: (loss, dx, grads keyed like the readout's
     params), the values of linear_forward -> cross_entropy_forward -> cross_entropy_backward(1)
-    -> linear_backward. The (N, V) logits exist once and become their own gradient in place,
-    a block of rows at a time; unfused, the loss holds four (N, V) arrays (for GPT-2's 50257
-    classes at batch 4 x 64, 51 MB each). See docs/gradients.md#cross-entropy."""
+    -> linear_backward (affine as linear_forward's). The (N, V) logits exist once and become
+    their own gradient in place, a block of rows at a time; unfused, the loss holds four (N, V)
+    arrays (for GPT-2's 50257 classes at batch 4 x 64, 51 MB each).
+    See docs/gradients.md#cross-entropy."""
     C, V = x.shape[-1], weight.shape[0]
     x2, flat_targets = x.reshape(-1, C), targets.reshape(-1)  # (N, C), (N,)
     counted = flat_targets != ignore_index  # (N,)
@@ -376,7 +437,7 @@ def linear_cross_entropy(
     if n_counted == 0:
         raise InputError(f"targets: every target equals ignore_index={ignore_index}; no loss")
     safe_targets = np.where(counted, flat_targets, 0)
-    dlogits, readout = linear_forward(x2, weight, bias)  # (N, V): the logits, for now
+    dlogits, readout = linear_forward(x2, weight, bias, affine)  # (N, V): the logits, for now
     loss_sum = 0.0
     for rows in slices(len(x2), V * dlogits.itemsize, FUSED_BLOCK_BYTES):
         loss_sum += _dlogits_in_place(dlogits[rows], safe_targets[rows], counted[rows], n_counted)

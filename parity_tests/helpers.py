@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, NamedTuple
 
 import numpy as np
+import pytest
 import torch
 
 from crosscheck.compare import (
@@ -16,7 +18,19 @@ from crosscheck.compare import (
     float64_ok,
     sensitivities,
 )
+from numpy_engine import blocks
 from numpy_engine.gradcheck import check_gradient, sample_indices
+
+
+@contextlib.contextmanager
+def folding_every_layernorm():
+    """blocks.normed folds every layernorm into the projection it feeds, inside this context
+    (its rule folds only at sizes far above the tests')."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(blocks, "FOLD_ROWS", 0)
+        patch.setattr(blocks, "FOLD_ENTRIES", 0)
+        yield
+
 
 FD_TOLERANCE = 1e-6  # float64 central differences; we see ~1e-8 and below
 WORST_ERRORS: dict[str, float] = {}  # check name -> worst error, printed after the run

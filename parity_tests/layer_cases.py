@@ -76,6 +76,29 @@ def linear(rng, B, T, c_in, c_out, bias: bool = True) -> LayerCase:
     )
 
 
+def folded_linear(rng, B, T, c_in, c_out, bias: bool = True) -> LayerCase:
+    """A linear whose input enters through a layernorm's scale and shift, folded into it."""
+    params = randomized(P.linear_params(np.zeros, c_out, c_in), rng)
+    if not bias:
+        del params["bias"]
+    affine = {"input_scale": 1 + 0.3 * normal(rng, c_in), "input_shift": normal(rng, c_in)}
+
+    def forward(i):
+        return L.linear_forward(
+            i["x"], i["weight"], i.get("bias"), (i["input_scale"], i["input_shift"])
+        )
+
+    return LayerCase(
+        "linear with a folded input affine" + ("" if bias else ", without bias"),
+        {"x": normal(rng, B, T, c_in), **params, **affine},
+        forward,
+        gradients(L.linear_backward, "x"),
+        lambda t: F.linear(
+            t["x"] * t["input_scale"] + t["input_shift"], t["weight"], t.get("bias")
+        ),
+    )
+
+
 def embedding(rng, ids, C) -> LayerCase:
     """The whole table, the padding row (id 0) included: its gradient must be 0 in both."""
     V = int(ids.max()) + 1

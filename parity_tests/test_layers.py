@@ -7,11 +7,14 @@ layer's case is built in layer_cases.py.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from numpy_engine import blocks
 from numpy_engine import layers as L
 from parity_tests import layer_cases as cases
 from parity_tests.helpers import (
@@ -19,6 +22,7 @@ from parity_tests.helpers import (
     assert_matches_finite_differences,
     assert_matches_torch,
     check_layer,
+    folding_every_layernorm,
 )
 from parity_tests.strategies import activations, model_widths, seeds
 
@@ -37,6 +41,14 @@ def test_linear(B, T, c_in, c_out, seed):
     rng = rng_of(seed)
     check_layer(cases.linear(rng, B, T, c_in, c_out), rng)
     check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
+
+
+@given(B=small, T=small, c_in=small, c_out=small, seed=seeds)
+@example(B=1, T=1, c_in=1, c_out=1, seed=0)
+def test_linear_with_a_folded_input_affine(B, T, c_in, c_out, seed):
+    rng = rng_of(seed)
+    check_layer(cases.folded_linear(rng, B, T, c_in, c_out), rng)
+    check_layer(cases.folded_linear(rng, B, T, c_in, c_out, bias=False), rng)
 
 
 @given(B=small, T=small, C=small, V=st.integers(2, 9), bias=st.booleans(), seed=seeds)
@@ -184,17 +196,46 @@ def test_multi_head_cross_attention(B, H, T, S, hs, seed):
     F_=small,
     kind=activations,
     causal=st.booleans(),
+    fold=st.booleans(),
     seed=seeds,
 )
-def test_self_attention_block(B, widths, T, F_, kind, causal, seed):
+@example(B=2, widths=(2, 2), T=3, F_=3, kind="gelu", causal=True, fold=True, seed=0)
+def test_self_attention_block(B, widths, T, F_, kind, causal, fold, seed):
+    """fold: every layernorm folded into the projection it feeds (blocks.normed)."""
     rng = rng_of(seed)
-    check_layer(cases.self_attention_block(rng, B, *widths, T, F_, kind, causal), rng)
+    with folding_every_layernorm() if fold else contextlib.nullcontext():
+        check_layer(cases.self_attention_block(rng, B, *widths, T, F_, kind, causal), rng)
 
 
-@given(B=small, widths=model_widths(), T=small, S=small, F_=small, kind=activations, seed=seeds)
-def test_decoder_block(B, widths, T, S, F_, kind, seed):
+@given(
+    B=small,
+    widths=model_widths(),
+    T=small,
+    S=small,
+    F_=small,
+    kind=activations,
+    fold=st.booleans(),
+    seed=seeds,
+)
+@example(B=2, widths=(2, 2), T=3, S=2, F_=3, kind="relu", fold=True, seed=0)
+def test_decoder_block(B, widths, T, S, F_, kind, fold, seed):
     rng = rng_of(seed)
-    check_layer(cases.decoder_block(rng, B, *widths, T, S, F_, kind), rng)
+    with folding_every_layernorm() if fold else contextlib.nullcontext():
+        check_layer(cases.decoder_block(rng, B, *widths, T, S, F_, kind), rng)
+
+
+def test_blocks_fold_layernorms_only_into_small_projections_of_many_rows():
+    """blocks.normed's rule, at the benchmark's sizes: char-lm's (1024 rows of 64) folds into
+    q, k, v (192 outputs) and the FFN (256); GPT-2's 256 rows do not fold into its 2304
+    outputs, and the copy model's 128 rows of 32 are too few entries to fold at all."""
+    p = {"ln.weight": np.ones(64), "ln.bias": np.zeros(64)}
+    assert blocks.normed(np.ones((32, 32, 64)), p, "ln", 192)[2] is not None
+    assert blocks.normed(np.ones((32, 32, 64)), p, "ln", 256)[2] is not None
+    assert blocks.normed(np.ones((32, 32, 64)), p, "ln", 257)[2] is None
+    p = {"ln.weight": np.ones(768), "ln.bias": np.zeros(768)}
+    assert blocks.normed(np.ones((4, 64, 768)), p, "ln", 2304)[2] is None
+    p = {"ln.weight": np.ones(32), "ln.bias": np.zeros(32)}
+    assert blocks.normed(np.ones((32, 4, 32)), p, "ln", 32)[2] is None
 
 
 def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):

@@ -8,6 +8,7 @@ and seeds.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import example, given
 
 import numpy_engine as ne
@@ -18,10 +19,13 @@ from parity_tests.helpers import (
     assert_float32_within_bound,
     engine_results,
     float32_golden,
+    folding_every_layernorm,
 )
 from parity_tests.strategies import (
     SMALLEST_GPT,
     SMALLEST_SEQ2SEQ,
+    GPTCase,
+    Seq2SeqCase,
     gpt_cases,
     randomized_model,
     seq2seq_cases,
@@ -79,6 +83,34 @@ def test_seq2seq_matches_torch(case):
 def test_gpt_matches_torch(case):
     model, rng = randomized_model(case)
     check_model("MiniGPT", model, case.batch, rng)
+
+
+FOLDED_CASES = [
+    Seq2SeqCase(
+        ne.Seq2SeqConfig(vocab_size=7, d_model=6, n_heads=2, d_ff=5, dtype="float64"),
+        source=np.array([[3, 4, 5], [6, 3, 0]]),
+        decoder_input=np.array([[1, 3, 4, 5], [1, 6, 3, 0]]),
+        target=np.array([[3, 4, 5, 2], [6, 3, 2, 0]]),
+        seed=1,
+    ),
+    GPTCase(
+        ne.GPTConfig(
+            vocab_size=7, d_model=6, n_heads=2, d_ff=5, n_layers=2, max_len=4, dtype="float64"
+        ),
+        idx=np.array([[1, 2, 3, 4], [5, 6, 0, 1]]),
+        targets=np.array([[2, 3, 4, 5], [6, 0, -100, -100]]),
+        seed=1,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FOLDED_CASES, ids=["seq2seq", "gpt"])
+def test_models_with_every_layernorm_folded_match_torch(case):
+    """Every layernorm's scale and shift folded into the projection it feeds (blocks.normed;
+    at training sizes it folds by its rule), randomized so that neither is trivial."""
+    model, rng = randomized_model(case)
+    with folding_every_layernorm():
+        check_model(f"{model.kind}, layernorms folded", model, case.batch, rng)
 
 
 def test_default_models_at_their_own_init_match_torch():

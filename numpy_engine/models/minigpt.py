@@ -12,14 +12,17 @@ import numpy as np
 
 from numpy_engine import checks
 from numpy_engine.attention import causal_visible, keys_values
-from numpy_engine.blocks import self_attention_block_backward, self_attention_block_forward
+from numpy_engine.blocks import (
+    normed,
+    normed_backward,
+    self_attention_block_backward,
+    self_attention_block_forward,
+)
 from numpy_engine.checks import InputError
 from numpy_engine.keys import with_prefix
 from numpy_engine.layers import (
     embedding_backward,
     embedding_forward,
-    layernorm_backward,
-    layernorm_forward,
     learned_positions_backward,
     learned_positions_forward,
     linear_backward,
@@ -79,6 +82,7 @@ class GPTCache(NamedTuple):
     pos_embed: tuple
     blocks: list
     final_norm: tuple
+    head_affine: tuple | None  # final_norm's scale and shift, when folded into the head
     head: tuple
     logits_shape: tuple
 
@@ -102,12 +106,13 @@ class MiniGPT(Model):
     def forward(self, idx: np.ndarray) -> tuple:
         """Logits (B, T, V) for idx (B, T) int ids, T <= max_len."""
         x, cache = self._trunk_forward(idx)  # (B, T, C)
-        logits, head = linear_forward(x, *self._head())  # (B, T, V)
+        logits, head = linear_forward(x, *self._head(), cache.head_affine)  # (B, T, V)
         return logits, cache._replace(head=head, logits_shape=logits.shape)
 
     def _trunk_forward(self, idx: np.ndarray) -> tuple:
         """Everything before the head: (final_norm's output (B, T, C), its GPTCache, whose
-        head fields are still None)."""
+        head fields are still None). The output is without final_norm's scale and shift when
+        the cache's head_affine holds them, for the head to fold in (blocks.normed)."""
         cfg, p = self.config, self.params
         idx = checks.check_token_ids("idx", idx, cfg.vocab_size)
         if idx.shape[1] > cfg.max_len:
@@ -123,8 +128,8 @@ class MiniGPT(Model):
                 x, block_p, cfg.n_heads, visible, cfg.activation
             )
             blocks.append(block)
-        x, final_norm = layernorm_forward(x, p["final_norm.weight"], p["final_norm.bias"])
-        return x, GPTCache(tok_embed, pos_embed, blocks, final_norm, None, None)
+        x, final_norm, head_affine = normed(x, p, "final_norm", cfg.vocab_size)
+        return x, GPTCache(tok_embed, pos_embed, blocks, final_norm, head_affine, None, None)
 
     def _backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
         dx, head_grads = linear_backward(dlogits, cache.head)
@@ -133,7 +138,7 @@ class MiniGPT(Model):
     def _trunk_backward(self, dx: np.ndarray, cache: GPTCache, head_grads: dict) -> dict:
         """From the head's input gradient dx (B, T, C) down to the embeddings: every
         parameter's gradient, keyed and ordered like params."""
-        dx, norm_grads = layernorm_backward(dx, cache.final_norm)  # forward was x = final_norm(x)
+        dx, norm_grads = normed_backward(dx, cache.final_norm, head_grads)  # x = final_norm(x)
         grads = with_prefix(norm_grads, "final_norm.")
         for i in reversed(range(len(cache.blocks))):  # forward was x = block_i(x), i = 0, 1, ...
             dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
@@ -149,7 +154,8 @@ class MiniGPT(Model):
         (B, T, V) logits exist once, and become their own gradient."""
         x, cache = self._trunk_forward(*inputs)
         targets = self._targets(targets, x)
-        loss, dx, head_grads = linear_cross_entropy(x, *self._head(), targets, self.ignore_index())
+        head, ignore = self._head(), self.ignore_index()
+        loss, dx, head_grads = linear_cross_entropy(x, *head, targets, ignore, cache.head_affine)
         return loss, self._trunk_backward(dx, cache, head_grads)
 
     def _head(self) -> tuple:
