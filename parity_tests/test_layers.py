@@ -281,6 +281,30 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, ma
         assert np.array_equal(grouped, whole)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_shared_mask_hides_as_the_same_mask_given_per_batch_row(dtype):
+    """A causal mask shared by every row (np.fmin against attention.hidden_limit) against the
+    same mask repeated per batch row (np.copyto(where=)): the same bits, and a NaN key hides
+    from every earlier query (its scores there are NaN, and hidden)."""
+    from numpy_engine import attention as A
+
+    rng = rng_of(0)
+    q, k, v, dy = (rng.standard_normal((3, 2, 5, 4)).astype(dtype) for _ in range(4))
+    k[:, :, -1] = np.nan  # seen only by the last query
+    shared = A.causal_visible(5)  # (1, 1, 5, 5)
+    per_row = np.broadcast_to(shared, (3, 1, 5, 5)).copy()
+    with np.errstate(invalid="ignore"):  # the last query's NaN row
+        y, cache = A.attention_forward(q, k, v, shared)
+        expected_y, expected_cache = A.attention_forward(q, k, v, per_row)
+        grads = A.attention_backward(dy, cache)
+        expected = A.attention_backward(dy, expected_cache)
+    assert np.isfinite(y[:, :, :-1]).all() and np.isnan(y[:, :, -1]).all()
+    np.testing.assert_array_equal(y, expected_y)  # NaN where NaN
+    np.testing.assert_array_equal(cache.weights, expected_cache.weights)
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_slices_cover_the_range_in_blocks_of_about_block_bytes():
     from numpy_engine.blocking import slices
 
