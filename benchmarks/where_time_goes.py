@@ -64,7 +64,7 @@ ENGINE_PARTS = {  # part: functions timed, by module
             "sinusoidal_backward",
         ]
     },
-    "loss": {"layers": ["linear_cross_entropy", "cross_entropy_forward", "cross_entropy_backward"]},
+    "loss": {"losses": ["linear_cross_entropy", "cross_entropy_forward", "cross_entropy_backward"]},
 }
 
 
@@ -97,9 +97,9 @@ def _instrument(timer: PartTimer) -> list:
     each back."""
     import numpy_engine.models.base as base
     import numpy_engine.optim as optim
-    from numpy_engine import attention, layers
+    from numpy_engine import attention, layers, losses
 
-    sources = {"layers": layers, "attention": attention}
+    sources = {"layers": layers, "attention": attention, "losses": losses}
     originals = {}
     for part, by_module in ENGINE_PARTS.items():
         for module_name, names in by_module.items():

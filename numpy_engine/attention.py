@@ -18,7 +18,7 @@ import numpy as np
 from numpy_engine.blocking import slices
 from numpy_engine.checks import InputError
 from numpy_engine.keys import with_prefix
-from numpy_engine.layers import linear_backward, linear_forward
+from numpy_engine.layers import input_affine_grads, linear_backward, linear_forward
 from numpy_engine.reductions import dot_last, sum_last
 
 # ------------------------------------------------------------------------------ masks
@@ -188,11 +188,9 @@ def _weights(q, k, hidden, out=None) -> np.ndarray:
     else:  # one query (a decoding step): the product reads k once, a copy would only add a
         # pass over every past key (GPT-2 at 1024 positions: 53 -> 654 us a layer)
         scores = (q * score_scale(q)) @ k.swapaxes(-1, -2)
-    if hidden is None:
-        pass
-    elif hidden.dtype == bool:
+    if hidden is not None and hidden.dtype == bool:
         np.copyto(scores, -np.inf, where=hidden)  # far cheaper than scores[hidden] = -inf
-    else:  # a shared mask's limit: -inf where hidden, +inf where visible (see hidden_limit)
+    elif hidden is not None:  # a shared mask's limit: -inf hidden, +inf visible (hidden_limit)
         rows = scores.reshape(-1, hidden.size)  # a view: a product's result is contiguous
         np.fmin(rows, hidden, out=rows)
     return softmax_last(scores, out=out)  # hidden entries get exactly 0
@@ -201,9 +199,8 @@ def _weights(q, k, hidden, out=None) -> np.ndarray:
 def hidden_limit(hidden: np.ndarray, dtype) -> np.ndarray:
     """A mask shared by every batch row and head (causal) as a limit for np.fmin over rows of
     Tq * Tk scores: (Tq * Tk,) -inf where hidden, +inf where visible. fmin(s, +inf) = s, and
-    fmin(s, -inf) = -inf whatever s (NaN too: fmin ignores NaN). Causal attention at char-lm's
-    shapes (32, 4, 32, 32): 52 us by np.copyto(where=), slow whatever the layout, against
-    20 us."""
+    fmin(s, -inf) = -inf whatever s (NaN too). At char-lm's (32, 4, 32, 32): 20 us, against
+    52 us by np.copyto(where=), slow whatever the layout."""
     inf = np.dtype(dtype).type(np.inf)
     return np.where(hidden.reshape(-1), -inf, inf)
 
@@ -264,14 +261,6 @@ def _stacked(p: dict[str, np.ndarray], names: tuple[str, ...]) -> tuple:
     weight = np.concatenate([p[f"{name}.weight"] for name in names])
     bias = np.concatenate([p[f"{name}.bias"] for name in names])
     return weight, bias
-
-
-def _input_affine(grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The grads of a projection's input affine (layers.linear_forward), taken out of its
-    grads; {} if it had none."""
-    if "input_scale" not in grads:
-        return {}
-    return {"input_scale": grads.pop("input_scale"), "input_shift": grads.pop("input_shift")}
 
 
 def _unstacked(stacked: dict[str, np.ndarray], names: tuple[str, ...]) -> dict:
@@ -347,7 +336,7 @@ def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tupl
     # x fed the queries, keys and values: the stacked matmul adds the three paths
     dx, qkv_grads = linear_backward(dqkv, cache.qkv_proj)
     grads = _unstacked(qkv_grads, QKV) | with_prefix(out_grads, "out_proj.")
-    return dx, grads | _input_affine(qkv_grads)
+    return dx, grads | input_affine_grads(qkv_grads)
 
 
 class CrossAttentionCache(NamedTuple):
@@ -402,6 +391,6 @@ def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tu
     dx, q_grads = linear_backward(dq, cache.q_proj)  # forward was q = q_proj(x)
     # memory fed the keys and the values: the stacked matmul adds the two paths
     dmemory, kv_grads = linear_backward(dkv, cache.kv_proj)
-    affine_grads = _input_affine(q_grads)
+    affine_grads = input_affine_grads(q_grads)
     grads = with_prefix(q_grads, "q_proj.") | _unstacked(kv_grads, KV)
     return dx, dmemory, grads | with_prefix(out_grads, "out_proj.") | affine_grads

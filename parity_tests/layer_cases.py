@@ -15,7 +15,7 @@ from torch.func import functional_call
 
 import torch_reference.modules as TM
 from numpy_engine import attention as A
-from numpy_engine import blocks
+from numpy_engine import blocks, losses
 from numpy_engine import layers as L
 from numpy_engine import params as P
 from parity_tests.helpers import LayerCase, params_of, random_visible
@@ -181,8 +181,8 @@ def cross_entropy_case(name, logits, targets, ignore_index) -> LayerCase:
     return LayerCase(
         name,
         {"logits": logits},
-        lambda i: L.cross_entropy_forward(i["logits"], targets, ignore_index),
-        lambda dloss, cache: {"logits": L.cross_entropy_backward(float(dloss), cache)},
+        lambda i: losses.cross_entropy_forward(i["logits"], targets, ignore_index),
+        lambda dloss, cache: {"logits": losses.cross_entropy_backward(float(dloss), cache)},
         torch_forward,
     )
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import numpy_engine as ne
 from numpy_engine import attention as A
-from numpy_engine import layers as L
+from numpy_engine import losses
 from numpy_engine.checks import InputError
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record_count
@@ -178,7 +178,9 @@ def test_fully_hidden_attention_row_is_rejected():
 
 def test_cross_entropy_with_every_target_ignored():
     with pytest.raises(ValueError, match="every target equals ignore_index=0"):
-        L.cross_entropy_forward(np.zeros((2, 3, 5)), np.zeros((2, 3), dtype=int), ignore_index=0)
+        losses.cross_entropy_forward(
+            np.zeros((2, 3, 5)), np.zeros((2, 3), dtype=int), ignore_index=0
+        )
 
 
 # ------------------------------------------------------------ Hypothesis: malformed input

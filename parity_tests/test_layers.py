@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from numpy_engine import blocks
+from numpy_engine import blocks, losses
 from numpy_engine import layers as L
 from parity_tests import layer_cases as cases
 from parity_tests.helpers import (
@@ -62,11 +62,11 @@ def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, see
     targets[rng.random((B, T)) < 0.3] = -100
     targets[0, 0] = 1  # at least one counted
     logits, linear_cache = L.linear_forward(x, weight, b)
-    loss, ce_cache = L.cross_entropy_forward(logits, targets, -100)
-    dx, grads = L.linear_backward(L.cross_entropy_backward(1.0, ce_cache), linear_cache)
+    loss, ce_cache = losses.cross_entropy_forward(logits, targets, -100)
+    dx, grads = L.linear_backward(losses.cross_entropy_backward(1.0, ce_cache), linear_cache)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(L, "FUSED_BLOCK_BYTES", 2 * V * x.itemsize)
-        fused_loss, fused_dx, fused_grads = L.linear_cross_entropy(x, weight, b, targets, -100)
+        patch.setattr(losses, "FUSED_BLOCK_BYTES", 2 * V * x.itemsize)
+        fused_loss, fused_dx, fused_grads = losses.linear_cross_entropy(x, weight, b, targets, -100)
     assert abs(fused_loss - loss) <= 1e-13 * abs(loss)
     assert_all_close_float64(
         "fused readout and loss", {"x": fused_dx} | fused_grads, {"x": dx} | grads

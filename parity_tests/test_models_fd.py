@@ -12,7 +12,8 @@ from hypothesis import example, given
 
 import numpy_engine as ne
 from numpy_engine.gradcheck import check_directions, rounding_noise
-from numpy_engine.layers import FFNCache, cross_entropy_forward
+from numpy_engine.layers import FFNCache
+from numpy_engine.losses import cross_entropy_forward
 from numpy_engine.models import IGNORE_INDEX
 from parity_tests.helpers import FD_TOLERANCE, record
 from parity_tests.strategies import (

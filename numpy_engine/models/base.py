@@ -19,11 +19,10 @@ from numpy_engine import checks
 from numpy_engine.checks import InputError
 from numpy_engine.layers import (
     ACTIVATIONS,
-    cross_entropy_backward,
-    cross_entropy_forward,
     layernorm_forward,
     linear_forward,
 )
+from numpy_engine.losses import cross_entropy_backward, cross_entropy_forward
 from numpy_engine.params import check_params, flatten, unflatten
 
 DTYPES = ("float32", "float64")

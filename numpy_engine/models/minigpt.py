@@ -26,9 +26,9 @@ from numpy_engine.layers import (
     learned_positions_backward,
     learned_positions_forward,
     linear_backward,
-    linear_cross_entropy,
     linear_forward,
 )
+from numpy_engine.losses import linear_cross_entropy
 from numpy_engine.models.base import (
     IGNORE_INDEX,
     Model,
@@ -150,7 +150,7 @@ class MiniGPT(Model):
         return {key: grads[key] for key in self.params}
 
     def _loss_and_grads(self, inputs: tuple, targets: np.ndarray) -> tuple[float, dict]:
-        """As Model's, with the head and the loss fused (layers.linear_cross_entropy): the
+        """As Model's, with the head and the loss fused (losses.linear_cross_entropy): the
         (B, T, V) logits exist once, and become their own gradient."""
         x, cache = self._trunk_forward(*inputs)
         targets = self._targets(targets, x)
