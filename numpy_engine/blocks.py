@@ -39,7 +39,7 @@ def normed(x: np.ndarray, p: dict, name: str, width: int) -> tuple:
     shift, its cache, that (scale, shift)) for the projection to fold into its weight and
     bias (layers.linear_forward's affine): passes over the (width, C) weight instead of
     over x, two forward and three backward."""
-    if x.size < max(FOLD_ROWS * width * x.shape[-1], FOLD_ENTRIES):
+    if x.size < FOLD_ENTRIES or x.size < FOLD_ROWS * width * x.shape[-1]:
         xn, cache = layernorm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"])
         return xn, cache, None
     xhat, cache = normalize_forward(x)
