@@ -75,6 +75,7 @@ def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, see
 
 @given(B=small, T=st.integers(1, 6), V=st.integers(2, 6), C=small, seed=seeds)
 @example(B=2, T=3, V=2, C=1, seed=0)  # two ids only: heavy repeats and padding
+@example(B=2, T=6, V=3, C=4, seed=1)  # V <= C: the one-hot product
 def test_embedding_with_padding_and_repeats(B, T, V, C, seed):
     rng = rng_of(seed)
     ids = rng.integers(0, V, size=(B, T))  # id 0 is padding; repeats are likely
