@@ -10,6 +10,7 @@ so hidden weights are exactly 0. A query row with no visible key is a ValueError
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -29,9 +30,13 @@ def padding_visible(ids: np.ndarray, pad_id: int) -> np.ndarray:
     return (ids != pad_id)[:, None, None, :]
 
 
+@functools.lru_cache(maxsize=64)
 def causal_visible(T: int) -> np.ndarray:
-    """Query t sees keys 0..t: (1, 1, T, T) lower triangle."""
-    return np.tril(np.ones((T, T), dtype=bool))[None, None]
+    """Query t sees keys 0..t: (1, 1, T, T) lower triangle. Read-only and cached: building it
+    took 5 us a forward (np.tril), for the same few lengths every step."""
+    visible = np.tril(np.ones((T, T), dtype=bool))[None, None]
+    visible.flags.writeable = False
+    return visible
 
 
 def check_every_row_sees_a_key(visible: np.ndarray, scores_shape: tuple) -> None:
