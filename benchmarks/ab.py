@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 PACKAGES = ("numpy_engine", "benchmarks")
@@ -59,10 +58,9 @@ def alternate(old, new, name: str, pairs: int) -> tuple[float, float, float]:
         sides.append((workloads, model, optimizer, batches, []))
     for i in range(pairs + 5):
         for workloads, model, optimizer, batches, times in sides if i % 2 else sides[::-1]:
-            start = time.perf_counter()
-            workloads.engine_step(model, optimizer, batches[i % 4])
+            seconds, _ = new.timed(workloads.engine_step, model, optimizer, batches[i % 4])
             if i >= 5:  # warm-up pairs
-                times.append(time.perf_counter() - start)
+                times.append(seconds)
     old_times, new_times = sides[0][4], sides[1][4]
     return (
         1e3 * statistics.median(old_times),

@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
@@ -27,7 +26,7 @@ from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
 from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
 from benchmarks.workloads import WORKLOADS as CONFIGS
-from benchmarks.workloads import Workload, engine_step, paired_ratio, peak_rss_mb
+from benchmarks.workloads import Workload, engine_step, paired_ratio, peak_rss_mb, timed
 from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPTConfig
@@ -49,12 +48,6 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
     return 2 * n**3 / best_seconds(lambda: np.matmul(a, a), repeats) / 1e9
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def torch_step(module, optimizer, batch) -> float:
     optimizer.zero_grad(set_to_none=True)
     loss = module.loss(*batch)
@@ -71,8 +64,8 @@ def time_config(cfg: Workload, steps: int, warmup: int) -> dict:
     torch_batches = [tuple(tensor(x) for x in batch) for batch in batches]
     engine_ms, torch_ms = [], []
     for i in range(steps + warmup):  # alternate, so both see the same machine state
-        t_engine = _timed(lambda: engine_step(model, optimizer, batches[i]))  # noqa: B023
-        t_torch = _timed(lambda: torch_step(module, torch_optimizer, torch_batches[i]))  # noqa: B023
+        t_engine, _ = timed(engine_step, model, optimizer, batches[i])
+        t_torch, _ = timed(torch_step, module, torch_optimizer, torch_batches[i])
         if i >= warmup:
             engine_ms.append(1e3 * t_engine)
             torch_ms.append(1e3 * t_torch)

@@ -18,11 +18,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 
-from benchmarks.workloads import paired_ratio, peak_rss_mb
+from benchmarks.workloads import paired_ratio, peak_rss_mb, timed
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW
@@ -83,21 +82,14 @@ class TorchTrainer:
         return loss.item()
 
 
-def _timed(fn, arg) -> tuple[float, object]:
-    """(seconds fn(arg) took, its result)."""
-    start = time.perf_counter()
-    result = fn(arg)
-    return time.perf_counter() - start, result
-
-
 def time_steps(steps: int) -> dict:
     model = engine_model()
     engine, reference = EngineTrainer(model), TorchTrainer(model)
     data = batches(steps + 1)
-    _timed(engine.step, data[0]), _timed(reference.step, data[0])  # warm-up
+    timed(engine.step, data[0]), timed(reference.step, data[0])  # warm-up
     engine_s, torch_s = [], []
     for batch in data[1:]:
-        (e, e_loss), (t, t_loss) = _timed(engine.step, batch), _timed(reference.step, batch)
+        (e, e_loss), (t, t_loss) = timed(engine.step, batch), timed(reference.step, batch)
         assert abs(e_loss - t_loss) <= 1e-3 * abs(t_loss), (e_loss, t_loss)  # the same step
         engine_s.append(e)
         torch_s.append(t)
@@ -141,7 +133,7 @@ def time_generation() -> dict:
     tokens = {}
     for _ in range(GENERATION_REPEATS):
         for side in (ours, theirs):
-            elapsed, tokens[side] = _timed(side, NEW_TOKENS)
+            elapsed, tokens[side] = timed(side, NEW_TOKENS)
             seconds[side].append(elapsed)
     return {
         "engine_tokens_per_s": NEW_TOKENS / statistics.median(seconds[ours]),

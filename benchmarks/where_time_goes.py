@@ -140,11 +140,11 @@ def engine_parts(name: str, steps: int) -> dict:
     model, optimizer, batches, step = _engine_side(name, 2 * steps + 2)
     for batch in batches[:2]:
         step(model, optimizer, batch)
-    plain = [_ms(lambda b=b: step(model, optimizer, b)) for b in batches[2:][:steps]]
+    plain = [_ms(step, model, optimizer, b) for b in batches[2:][:steps]]
     timer = PartTimer()
     undo = _instrument(timer)
     try:
-        timed = sum(_ms(lambda b=b: step(model, optimizer, b)) for b in batches[2 + steps :])
+        timed = sum(_ms(step, model, optimizer, b) for b in batches[2 + steps :])
     finally:
         for put_back in undo:
             put_back()
@@ -201,7 +201,7 @@ def torch_parts(name: str, steps: int) -> dict:
 
     for batch in batches[:2]:
         step(batch)
-    plain = [_ms(lambda b=b: step(b)) for b in batches[2:][:steps]]
+    plain = [_ms(step, b) for b in batches[2:][:steps]]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for batch in batches[2 + steps :]:
             step(batch, profiled=True)
@@ -279,10 +279,8 @@ def _by_size(parts: dict) -> list[tuple[str, float]]:
     return sorted(parts.items(), key=lambda kv: -kv[1])
 
 
-def _ms(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return 1e3 * (time.perf_counter() - start)
+def _ms(fn, *args) -> float:
+    return 1e3 * workloads.timed(fn, *args)[0]
 
 
 def report(name: str, steps: int) -> str:

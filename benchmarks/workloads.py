@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import resource
 import statistics
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,13 @@ def build(workload: Workload, n_batches: int):
     B, length = workload.batch_size, workload.length
     batches = [kind.example_batch(model.config, rng, B, length) for _ in range(n_batches)]
     return model, workload.optimizer(model.params, lr=1e-3), batches
+
+
+def timed(fn, *args) -> tuple[float, object]:
+    """(seconds fn(*args) took, its result): the one stopwatch of the benchmarks."""
+    start = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - start, result
 
 
 def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
