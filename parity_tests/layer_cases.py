@@ -63,39 +63,30 @@ def named(names: tuple[str, ...], grads: tuple) -> dict:
 # ------------------------------------------------------------------------------ layers
 
 
-def linear(rng, B, T, c_in, c_out, bias: bool = True) -> LayerCase:
+def linear(rng, B, T, c_in, c_out, bias: bool = True, affine: bool = False) -> LayerCase:
+    """A linear layer; with affine, its input enters through a layernorm's scale and shift,
+    folded into it (layers.linear_forward's affine)."""
     params = randomized(P.linear_params(np.zeros, c_out, c_in), rng)
     if not bias:  # as GPT-2's tied head
         del params["bias"]
-    return LayerCase(
-        "linear" if bias else "linear without bias",
-        {"x": normal(rng, B, T, c_in), **params},
-        lambda i: L.linear_forward(i["x"], i["weight"], i.get("bias")),
-        gradients(L.linear_backward, "x"),
-        lambda t: F.linear(t["x"], t["weight"], t.get("bias")),
-    )
-
-
-def folded_linear(rng, B, T, c_in, c_out, bias: bool = True) -> LayerCase:
-    """A linear whose input enters through a layernorm's scale and shift, folded into it."""
-    params = randomized(P.linear_params(np.zeros, c_out, c_in), rng)
-    if not bias:
-        del params["bias"]
-    affine = {"input_scale": 1 + 0.3 * normal(rng, c_in), "input_shift": normal(rng, c_in)}
+    if affine:
+        params |= {"input_scale": 1 + 0.3 * normal(rng, c_in), "input_shift": normal(rng, c_in)}
 
     def forward(i):
-        return L.linear_forward(
-            i["x"], i["weight"], i.get("bias"), (i["input_scale"], i["input_shift"])
-        )
+        scale_shift = (i["input_scale"], i["input_shift"]) if affine else None
+        return L.linear_forward(i["x"], i["weight"], i.get("bias"), scale_shift)
 
+    def torch_forward(t):
+        x = t["x"] * t["input_scale"] + t["input_shift"] if affine else t["x"]
+        return F.linear(x, t["weight"], t.get("bias"))
+
+    name = "linear" + (" with a folded input affine" if affine else "")
     return LayerCase(
-        "linear with a folded input affine" + ("" if bias else ", without bias"),
-        {"x": normal(rng, B, T, c_in), **params, **affine},
+        name if bias else f"{name} without bias",
+        {"x": normal(rng, B, T, c_in), **params},
         forward,
         gradients(L.linear_backward, "x"),
-        lambda t: F.linear(
-            t["x"] * t["input_scale"] + t["input_shift"], t["weight"], t.get("bias")
-        ),
+        torch_forward,
     )
 
 

@@ -35,20 +35,13 @@ def rng_of(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+@pytest.mark.parametrize("affine", [False, True], ids=["plain", "folded input affine"])
 @given(B=small, T=small, c_in=small, c_out=small, seed=seeds)
 @example(B=1, T=1, c_in=1, c_out=1, seed=0)
-def test_linear(B, T, c_in, c_out, seed):
+def test_linear(affine, B, T, c_in, c_out, seed):
     rng = rng_of(seed)
-    check_layer(cases.linear(rng, B, T, c_in, c_out), rng)
-    check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
-
-
-@given(B=small, T=small, c_in=small, c_out=small, seed=seeds)
-@example(B=1, T=1, c_in=1, c_out=1, seed=0)
-def test_linear_with_a_folded_input_affine(B, T, c_in, c_out, seed):
-    rng = rng_of(seed)
-    check_layer(cases.folded_linear(rng, B, T, c_in, c_out), rng)
-    check_layer(cases.folded_linear(rng, B, T, c_in, c_out, bias=False), rng)
+    check_layer(cases.linear(rng, B, T, c_in, c_out, affine=affine), rng)
+    check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False, affine=affine), rng)
 
 
 @given(B=small, T=small, C=small, V=st.integers(2, 9), bias=st.booleans(), seed=seeds)
