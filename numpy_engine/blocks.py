@@ -29,10 +29,10 @@ from numpy_engine.layers import (
 )
 
 # Fold when x has at least 4x as many rows as the projection has outputs, and 16K entries.
-# A layernorm + linear, forward and backward, folded / not (alone, float32, median of 20):
-# rows / outputs 1x: 1.01-1.03; 2x: 0.99-1.00; 2.7x: 0.97-1.01; 4x: 0.97-0.98; 5.3x:
-# 0.97-0.98; 16x: 0.92 (C 64-768); the step gains more (char-lm -2%). On the copy model's
-# tiny arrays (4K entries) a fold's few more calls cost its step 1.9%.
+# A layernorm + linear, forward and backward, folded / not (alone, float32, C 64 and 256,
+# median of 20), by rows per output: 1-1.3x 1.01-1.03; 2x 0.99-1.00; 2.7x 0.97-1.01; 4x
+# 0.97-0.98; 5.3x 0.97-0.98; 16x 0.92. The step gains more (char-lm -2%). On the copy
+# model's tiny arrays (4K entries) a fold's few more calls cost its step 1.9%.
 FOLD_ROWS, FOLD_ENTRIES = 4, 16384
 
 
