@@ -35,7 +35,7 @@ def linear_forward(
     """y = x @ weight.T + bias, weight stored (out, in) as in PyTorch; bias None: no bias.
 
     affine (scale, shift), each (in,): x enters as x * scale + shift (a layernorm's scale and
-    shift, see blocks._normed), folded into the weight and bias (docs/gradients.md#linear):
+    shift, see blocks.normed), folded into the weight and bias (docs/gradients.md#linear):
     (x s + t) W^T + b = x (W s)^T + (b + W t)."""
     if affine is not None:
         return _folded_forward(x, weight, bias, affine)
