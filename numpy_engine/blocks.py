@@ -22,6 +22,7 @@ from numpy_engine.keys import sub
 from numpy_engine.layers import (
     ffn_backward,
     ffn_forward,
+    input_affine_grads,
     layernorm_backward,
     layernorm_forward,
     normalize_backward,
@@ -52,9 +53,10 @@ def normed(x: np.ndarray, p: dict, name: str, width: int) -> tuple:
 def normed_backward(dxn: np.ndarray, cache: tuple, sublayer_grads: dict) -> tuple:
     """(dx, the layernorm's grads) of normed; a folded layernorm's grads are those of the
     projection's affine, taken out of sublayer_grads."""
-    if "input_scale" not in sublayer_grads:
+    affine = input_affine_grads(sublayer_grads)
+    if not affine:
         return layernorm_backward(dxn, cache)
-    grads = {"weight": sublayer_grads.pop("input_scale"), "bias": sublayer_grads.pop("input_shift")}
+    grads = {"weight": affine["input_scale"], "bias": affine["input_shift"]}
     return normalize_backward(dxn, cache), grads
 
 

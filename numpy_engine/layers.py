@@ -94,13 +94,14 @@ def _folded_forward(x, weight, bias, affine) -> tuple:
 def _folded_backward(dout: np.ndarray, cache: FoldedCache) -> tuple:
     """The folded product's gradients, then those of W, b, s and t (docs/gradients.md#linear):
     dW = dW' s + db t^T, db = db', ds = sum over out of W * dW', dt = W^T db'."""
-    dx, folded = linear_backward(dout, cache.linear)
+    dx, folded = linear_backward(dout, cache.linear)  # forward was out = x W'^T + b'
     (scale, shift), weight = cache.affine, cache.weight
+    # forward was W' = W diag(s), b' = b + W t: W fed both, b and t only b', s only W'
     dweight = folded["weight"] * scale
     dweight += np.multiply.outer(folded["bias"], shift)
     grads = {"weight": dweight, "bias": folded["bias"]} if cache.has_bias else {"weight": dweight}
-    grads["input_scale"] = sum_leading(weight * folded["weight"])
-    grads["input_shift"] = folded["bias"] @ weight
+    grads["input_scale"] = sum_leading(weight * folded["weight"])  # (in,): column sums
+    grads["input_shift"] = folded["bias"] @ weight  # W^T db'
     return dx, grads
 
 

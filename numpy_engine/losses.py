@@ -36,16 +36,11 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     """
     V = logits.shape[-1]
     logits2 = logits.reshape(-1, V)  # (N, V)
-    flat_targets = targets.reshape(-1)  # (N,)
-    counted = flat_targets != ignore_index  # (N,)
-    n_counted = int(counted.sum())
-    if n_counted == 0:
-        raise InputError(f"targets: every target equals ignore_index={ignore_index}; no loss")
-    rows = np.arange(len(flat_targets))
+    safe_targets, counted, n_counted = _counted_targets(targets, ignore_index)
+    rows = np.arange(len(safe_targets))
     shifted, top = _shifted_by_row_max(logits2, rows)  # (N, V), <= 0
     others = np.exp(shifted)
     log_probs = shifted - np.log1p(_other_classes_mass(others, rows, top))  # (N, V)
-    safe_targets = np.where(counted, flat_targets, 0)  # ignored rows read class 0, then drop
     picked = log_probs[rows, safe_targets]  # (N,)
     loss = -(picked * counted).sum() / n_counted
     return loss, CrossEntropyCache(log_probs, safe_targets, counted, n_counted, logits.shape)
@@ -59,6 +54,17 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray
     _minus_the_rest(dlogits, rows, safe_targets)  # p_y - 1 as minus the others: no cancellation
     dlogits *= (dloss / n_counted) * counted[:, None]  # ignored rows get exactly 0
     return dlogits.reshape(logits_shape)
+
+
+def _counted_targets(targets: np.ndarray, ignore_index: int) -> tuple:
+    """(safe targets (N,), ignored rows reading class 0 and then dropped; counted (N,) bool,
+    target != ignore_index; their number), or an InputError if none counts."""
+    flat_targets = targets.reshape(-1)  # (N,)
+    counted = flat_targets != ignore_index
+    n_counted = int(counted.sum())
+    if n_counted == 0:
+        raise InputError(f"targets: every target equals ignore_index={ignore_index}; no loss")
+    return np.where(counted, flat_targets, 0), counted, n_counted
 
 
 def _shifted_by_row_max(z: np.ndarray, rows: np.ndarray, out=None) -> tuple:
@@ -103,12 +109,8 @@ def linear_cross_entropy(
     arrays (for GPT-2's 50257 classes at batch 4 x 64, 51 MB each).
     See docs/gradients.md#cross-entropy."""
     C, V = x.shape[-1], weight.shape[0]
-    x2, flat_targets = x.reshape(-1, C), targets.reshape(-1)  # (N, C), (N,)
-    counted = flat_targets != ignore_index  # (N,)
-    n_counted = int(counted.sum())
-    if n_counted == 0:
-        raise InputError(f"targets: every target equals ignore_index={ignore_index}; no loss")
-    safe_targets = np.where(counted, flat_targets, 0)
+    x2 = x.reshape(-1, C)  # (N, C)
+    safe_targets, counted, n_counted = _counted_targets(targets, ignore_index)
     dlogits, readout = linear_forward(x2, weight, bias, affine)  # (N, V): the logits, for now
     loss_sum = 0.0
     for rows in slices(len(x2), V * dlogits.itemsize, FUSED_BLOCK_BYTES):

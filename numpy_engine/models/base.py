@@ -17,6 +17,7 @@ import numpy as np
 
 from numpy_engine import checks
 from numpy_engine.checks import InputError
+from numpy_engine.keys import sub
 from numpy_engine.layers import (
     ACTIVATIONS,
     layernorm_forward,
@@ -62,7 +63,6 @@ class Model:
         initial = self._init_params(config, np.random.default_rng(seed))
         self.flat = flatten(initial).astype(config.dtype)  # every parameter, one vector
         self.params = unflatten(self.flat, initial)  # named views of it, keyed like state_dict
-        self._keys_under: dict[str, list[str]] = {}  # see _under
 
     # ------------------------------------------------------------ what a kind implements
 
@@ -168,11 +168,8 @@ class Model:
         return self.flat.size
 
     def _under(self, prefix: str) -> dict[str, np.ndarray]:
-        """keys.sub(self.params, prefix), with the matching keys looked up once per prefix: a
-        scan of every key per block and step costs small models ~2% of a step."""
-        if prefix not in self._keys_under:
-            self._keys_under[prefix] = [key for key in self.params if key.startswith(prefix)]
-        return {key[len(prefix) :]: self.params[key] for key in self._keys_under[prefix]}
+        """The params under prefix, without it (keys.sub, which looks the keys up once)."""
+        return sub(self.params, prefix)
 
 
 # ------------------------------------------------------------------------- registry
