@@ -48,12 +48,10 @@ def batches(n: int) -> list[tuple[np.ndarray, np.ndarray]]:
 class EngineTrainer:
     def __init__(self, model: GPT2) -> None:
         self.model, self.optimizer = model, AdamW(model.params, lr=LR)
-        self.buffer = np.empty_like(model.flat)  # the flat gradient, reused every step
 
     def step(self, batch) -> float:
         loss, grads = self.model.loss_and_grads(*batch)
-        flat_grads = self.model.flat_grads(grads, out=self.buffer)
-        self.optimizer.step(self.model.flat, flat_grads, max_grad_norm=1.0)
+        self.optimizer.step(self.model.flat, grads, max_grad_norm=1.0)
         return loss
 
 

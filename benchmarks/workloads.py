@@ -70,7 +70,7 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
 
 def engine_step(model, optimizer, batch) -> float:
     loss, grads = model.loss_and_grads(*batch)
-    optimizer.step(model.flat, model.flat_grads(grads), max_grad_norm=1.0)
+    optimizer.step(model.flat, grads, max_grad_norm=1.0)
     return loss
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.generate import generate
 from numpy_engine.models import GPT2, GPT2Config
-from numpy_engine.optim import AdamW, clip_grad_norm
+from numpy_engine.optim import AdamW
 from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, TokenizerCorpus, read_text
 
 SEED, STEPS, BATCH_SIZE, CONTEXT = 7, 200, 8, 32
@@ -39,9 +39,7 @@ sampler = np.random.default_rng([SEED, 1])
 for step in range(1, STEPS + 1):
     idx, targets = corpus.batch(sampler, BATCH_SIZE, CONTEXT)  # targets: idx shifted by one
     loss, grads = model.loss_and_grads(idx, targets)  # wte's gradient: embedding + tied head
-    flat_grads = model.flat_grads(grads)
-    clip_grad_norm(flat_grads, max_norm=1.0)
-    optimizer.step(model.flat, flat_grads)
+    optimizer.step(model.flat, grads, max_grad_norm=1.0)  # clips, then updates model.flat
     if step == 1 or step % 40 == 0:
         print(f"step {step:3d}  loss {loss:.4f}", flush=True)
 

@@ -117,13 +117,13 @@ def guarded_loss_and_grads(model, step: int, batch: tuple) -> tuple:
     return loss, grads
 
 
-def step_gradient(state: TrainState, step: int, batch: tuple, parallel, out: np.ndarray):
-    """(loss, the flat gradient) of one optimizer step: directly, or (DataParallel) over ranks
-    and micro-batches, checked finite either way."""
+def step_gradient(state: TrainState, step: int, batch: tuple, parallel):
+    """(loss, the gradient) of one optimizer step, checked finite: directly (the grads dict,
+    which the optimizer reads as it is), or (DataParallel) over ranks and micro-batches (one
+    flat vector)."""
     model = state.model
     if parallel is None or parallel.plain:
-        loss, grads = guarded_loss_and_grads(model, step, batch)
-        return loss, model.flat_grads(grads, out=out)
+        return guarded_loss_and_grads(model, step, batch)
     loss, flat_grads = parallel.gradient(
         model, batch, lambda micro: guarded_loss_and_grads(model, step, micro)
     )
@@ -152,21 +152,18 @@ def run_loop(
     if parallel is not None:
         parallel.group.broadcast(state.model.flat)  # rank 0's weights on every rank
     history, first_step, last_saved = state.history, state.step, None
-    grad_buffer = np.empty_like(state.model.flat)  # the flat gradient, reused every step
     progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
     while state.step < cfg.steps:
         step = state.step + 1
         try:
-            loss, flat_grads = step_gradient(
-                state, step, next_batch(state.sampler), parallel, grad_buffer
-            )
+            loss, grads = step_gradient(state, step, next_batch(state.sampler), parallel)
         except TrainingDiverged as error:
             if last_saved is None:
                 raise
             raise TrainingDiverged(
                 f"{error}; the checkpoint of step {last_saved} is intact"
             ) from None
-        grad_norm = state.optimizer.step(state.model.flat, flat_grads, max_grad_norm=cfg.clip)
+        grad_norm = state.optimizer.step(state.model.flat, grads, max_grad_norm=cfg.clip)
         state.step = step
         history["step"].append(step)
         history["train_loss"].append(loss)

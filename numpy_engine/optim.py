@@ -1,15 +1,16 @@
 """Optimizers with PyTorch's exact update rules, and global-norm gradient clipping.
 
-Both work on flat vectors: a model keeps all its parameters in one vector, model.flat,
-with model.params its named views, and model.flat_grads(grads) lays the gradients out the
-same way. A step is then a handful of whole-vector operations, whatever the number of
-tensors:
+A model keeps all its parameters in one vector, model.flat, with model.params its named
+views; an optimizer updates that vector block by block, each block while it is in cache:
 
     optimizer = AdamW(model.params, lr=3e-3)    # the params fix the state's layout and names
     loss, grads = model.loss_and_grads(*batch)
-    flat_grads = model.flat_grads(grads)
-    clip_grad_norm(flat_grads, max_norm=1.0)    # scales flat_grads in place
-    optimizer.step(model.flat, flat_grads)      # updates model.flat, so model.params, in place
+    optimizer.step(model.flat, grads, max_grad_norm=1.0)  # clips, then updates model.flat
+
+The gradients are the dict loss_and_grads returns (keyed and ordered like the params), read
+block by block without being concatenated whole, or one flat vector laid out like
+model.flat (model.flat_grads(grads); clip_grad_norm scales such a vector in place, for a
+loop that clips on its own). The step never changes the gradients it is given.
 
 The state (step count, moments) is saved per parameter by `state_dict()` and restored by
 `load_state_dict()`, keyed "<moment>.<param key>".
@@ -17,6 +18,7 @@ The state (step count, moments) is saved per parameter by `state_dict()` and res
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -55,9 +57,19 @@ def clip_grad_norm(flat_grads: np.ndarray, max_norm: float) -> float:
 def global_norm(flat: np.ndarray) -> float:
     """The L2 norm, its squares summed in float64 (block by block: no float64 copy of the
     whole vector; a float32 sum loses digits over many entries and overflows past 1.8e19)."""
+    return _norm_of_blocks(flat[block] for block in blocks(flat))
+
+
+def _norm_of_blocks(parts, wide: np.ndarray | None = None) -> float:
+    """The L2 norm of the blocks' entries together, each squared and summed in float64 (a
+    float32 block copied into `wide`, a float64 scratch, when given)."""
     squares = 0.0
-    for block in blocks(flat):
-        part = flat[block].astype(np.float64)
+    for part in parts:
+        if part.dtype != np.float64 and wide is None:
+            part = part.astype(np.float64)
+        elif part.dtype != np.float64:
+            np.copyto(wide[: part.size], part)
+            part = wide[: part.size]
         squares += float(np.dot(part, part))
     return math.sqrt(squares)
 
@@ -69,8 +81,48 @@ def clip_coefficient(norm: float, max_norm: float):
     return coef if coef < 1.0 else None
 
 
+class Gradients:
+    """A step's gradients read as one vector laid out like the parameters, block by block:
+    the flat vector itself, or the dict loss_and_grads returns, never concatenated whole. A
+    block inside one array is a view of it; a block across arrays is gathered into a
+    scratch. On GPT-2 (124M parameters) that skips a 500 MB copy a step and its buffer."""
+
+    def __init__(self, grads, optimizer: Optimizer, gathered: np.ndarray) -> None:
+        self.starts, self.gathered = optimizer.starts, gathered  # starts: offsets, then size
+        if isinstance(grads, dict):
+            self.arrays, self.flat = list(grads.values()), None
+            if len(optimizer.pieces) == 1:  # all in one block: gather it once, here
+                optimizer.check_grads_dict(grads, dtypes=False)  # casting="no" checks them
+                try:
+                    self.flat = np.concatenate(self.arrays, None, gathered, casting="no")
+                except TypeError:
+                    optimizer.check_grads_dict(grads)  # names the array
+                    raise
+            else:
+                optimizer.check_grads_dict(grads)
+        else:
+            optimizer.check_vector("flat_grads", grads)
+            self.flat = grads
+
+    def block(self, piece: slice) -> np.ndarray:
+        """Entries piece.start:piece.stop of the vector (a view, or gathered)."""
+        if self.flat is not None:
+            return self.flat[piece]
+        first = bisect.bisect_right(self.starts, piece.start) - 1
+        parts, i = [], first
+        while self.starts[i] < piece.stop:
+            array, start = self.arrays[i], self.starts[i]
+            lo, hi = max(piece.start - start, 0), min(piece.stop - start, array.size)
+            parts.append(array if (lo, hi) == (0, array.size) else array.reshape(-1)[lo:hi])
+            i += 1
+        if len(parts) == 1:
+            return parts[0].reshape(-1)
+        return np.concatenate(parts, axis=None, out=self.gathered[: piece.stop - piece.start])
+
+
 class Optimizer:
-    """What SGD, Adam and AdamW share: the step counter, the flat state, its named views."""
+    """What SGD, Adam and AdamW share: the step counter, the flat state, its named views, and
+    the step's walk over blocks of the vectors."""
 
     state_names: tuple[str, ...] = ()
 
@@ -83,28 +135,78 @@ class Optimizer:
         self.dtype = next(iter(params.values())).dtype
         self.flat_state = {name: np.zeros(self.size, self.dtype) for name in self.state_names}
         self.state = {name: unflatten(flat, params) for name, flat in self.flat_state.items()}
+        self.keys = list(params)
+        self.layout = [(p.shape, p.dtype) for p in params.values()]
+        self.shapes = [shape for shape, _ in self.layout]
+        self.starts = np.cumsum([0] + [p.size for p in params.values()]).tolist()
+        self.pieces = slices(self.size, self.dtype.itemsize, BLOCK_BYTES)
+        self.block_entries = self.pieces[0].stop
 
-    def step(
-        self, flat_params: np.ndarray, flat_grads: np.ndarray, max_grad_norm: float | None = None
-    ) -> float | None:
-        """Update flat_params in place from flat_grads. With max_grad_norm, first clip
-        flat_grads (in place) as clip_grad_norm does and return their norm before clipping."""
-        for name, flat in (("flat_params", flat_params), ("flat_grads", flat_grads)):
-            if not isinstance(flat, np.ndarray) or flat.shape != (self.size,):
-                got = getattr(flat, "shape", type(flat).__name__)
-                raise InputError(f"{name} must be a vector of {self.size} entries, got {got}")
-            if flat.dtype != self.dtype:
-                raise InputTypeError(f"{name} must have dtype {self.dtype}, got {flat.dtype}")
+    def step(self, flat_params: np.ndarray, grads, max_grad_norm: float | None = None):
+        """Update flat_params in place from grads (the dict loss_and_grads returns, or a flat
+        vector laid out like flat_params; neither is changed). With max_grad_norm, clip as
+        clip_grad_norm does first and return the norm before clipping; else None."""
+        self.check_vector("flat_params", flat_params)
+        # rows: two for the update's intermediates, one for a gathered or clipped gradient
+        scratch = np.empty((3, self.block_entries), self.dtype)
+        gradients = Gradients(grads, self, scratch[2])
         self.step_count += 1
         norm = coef = None
         if max_grad_norm is not None:
-            norm = global_norm(flat_grads)
+            wide = None if self.dtype == np.float64 else np.empty(self.block_entries, np.float64)
+            norm = _norm_of_blocks(map(gradients.block, self.pieces), wide)
             coef = clip_coefficient(norm, max_grad_norm)
-        self._update(flat_params, flat_grads, coef)
+            coef = None if coef is None else self.dtype.type(coef)
+        constants = self._step_constants()
+        state = list(self.flat_state.values())
+        for piece in self.pieces:
+            n = piece.stop - piece.start
+            grad = gradients.block(piece)
+            if coef is not None:  # clipping, while the block is in cache
+                grad = np.multiply(grad, coef, out=scratch[2, :n])
+            blocks_of_state = [flat[piece] for flat in state]
+            self._update_block(
+                flat_params[piece], grad, blocks_of_state, scratch[:2, :n], constants
+            )
         return norm
 
-    def _update(self, param: np.ndarray, grad: np.ndarray, coef: float | None) -> None:
-        """Update param in place from grad, clipped first (in place) by coef unless None."""
+    def check_vector(self, name: str, flat) -> None:
+        if not isinstance(flat, np.ndarray) or flat.shape != (self.size,):
+            got = getattr(flat, "shape", type(flat).__name__)
+            raise InputError(f"{name} must be a vector of {self.size} entries, got {got}")
+        if flat.dtype != self.dtype:
+            raise InputTypeError(f"{name} must have dtype {self.dtype}, got {flat.dtype}")
+
+    def check_grads_dict(self, grads: dict, dtypes: bool = True) -> None:
+        """The keys in order, and each array's shape (and dtype: a slow compare, skipped when
+        the caller's reading checks them) as the params'."""
+        if list(grads) != self.keys:
+            missing, extra = set(self.keys) - grads.keys(), grads.keys() - set(self.keys)
+            raise InputError(
+                "grads must have exactly the parameters' keys, in their order: "
+                f"missing {sorted(missing)}, unexpected {sorted(extra)}"
+            )
+        try:
+            same = [g.shape for g in grads.values()] == self.shapes
+            same = same and (not dtypes or all(g.dtype == self.dtype for g in grads.values()))
+        except AttributeError:  # not an array
+            same = False
+        if not same:
+            for key, g, (shape, dtype) in zip(self.keys, grads.values(), self.layout, strict=True):
+                if not isinstance(g, np.ndarray):
+                    raise InputError(f"grads[{key!r}] must be an array, got {type(g).__name__}")
+                if g.shape != shape:
+                    raise InputError(f"grads[{key!r}] must have shape {shape}, got {g.shape}")
+                if g.dtype != dtype:
+                    raise InputTypeError(f"grads[{key!r}] must have dtype {dtype}, got {g.dtype}")
+
+    def _step_constants(self) -> tuple:
+        """What every block's update shares this step (after step_count was counted)."""
+        return ()
+
+    def _update_block(self, param, grad, state: list, scratch, constants) -> None:
+        """Update one block of param in place from grad; state holds the same block of each
+        flat_state vector, scratch two rows of the block's length."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -142,19 +244,21 @@ class SGD(Optimizer):
         super().__init__(params, lr)
         self.momentum, self.weight_decay = momentum, weight_decay
 
-    def _update(self, param, grad, coef):
-        if coef is not None:
-            grad *= grad.dtype.type(coef)
-        d = grad + self.weight_decay * param if self.weight_decay else grad
+    def _update_block(self, param, grad, state, scratch, constants) -> None:
+        tmp, decayed = scratch
+        d = grad
+        if self.weight_decay:
+            np.multiply(param, self.weight_decay, out=decayed)
+            d = np.add(grad, decayed, out=decayed)
         if self.momentum:
-            buf = self.flat_state["momentum_buffer"]
+            (buf,) = state
             if self.step_count == 1:
                 buf[...] = d
             else:
                 buf *= self.momentum
                 buf += d
             d = buf
-        param -= self.lr * d
+        param -= np.multiply(d, self.lr, out=tmp)
 
 
 class Adam(Optimizer):
@@ -162,7 +266,7 @@ class Adam(Optimizer):
 
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-    (computed block by block, each block while it is in cache; see _update_block)
+    (computed block by block, each block while it is in cache; see Optimizer.step)
     weight_decay here is L2 (added to g), as torch.optim.Adam; AdamW decouples it.
     """
 
@@ -179,27 +283,19 @@ class Adam(Optimizer):
         super().__init__(params, lr)
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
-    def _update(self, param, grad, coef):
-        m, v = self.flat_state["exp_avg"], self.flat_state["exp_avg_sq"]
-        pieces = blocks(param)
-        scratch = np.empty((2, pieces[0].stop), param.dtype)  # the first (largest) block's
-        coef = None if coef is None else grad.dtype.type(coef)
+    def _step_constants(self) -> tuple:
         # p -= lr / c1 * m / (sqrt(v) / c2 + eps), c1 = 1 - b1^t, c2 = sqrt(1 - b2^t), as
         # p -= (lr c2 / c1) * m / (sqrt(v) + eps c2): the same value, one pass fewer
         beta1, beta2 = self.betas
         c2 = math.sqrt(1 - beta2**self.step_count)
-        step = (self.lr * c2 / (1 - beta1**self.step_count), self.eps * c2)
-        for block in pieces:
-            n = block.stop - block.start
-            if coef is not None:
-                grad[block] *= coef  # clipping, while the block is in cache
-            self._update_block(param[block], grad[block], m[block], v[block], scratch[:, :n], step)
+        return (self.lr * c2 / (1 - beta1**self.step_count), self.eps * c2)
 
-    def _update_block(self, param, grad, m, v, scratch, step) -> None:
-        """The update on one block, in place, in torch's order of operations; step is
-        (step size, eps) with the bias corrections folded in (see _update)."""
+    def _update_block(self, param, grad, state, scratch, constants) -> None:
+        """The update on one block, in place, in torch's order of operations; constants are
+        (step size, eps) with the bias corrections folded in (see _step_constants)."""
         beta1, beta2 = self.betas
-        step_size, eps = step
+        step_size, eps = constants
+        m, v = state
         tmp, decayed = scratch
         if self.weight_decay:  # L2: grad + weight_decay * param
             np.multiply(param, self.weight_decay, out=decayed)
@@ -232,6 +328,6 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay=0.0)
         self.decoupled_weight_decay = weight_decay
 
-    def _update_block(self, param, grad, m, v, scratch, step) -> None:
+    def _update_block(self, param, grad, state, scratch, constants) -> None:
         param *= 1 - self.lr * self.decoupled_weight_decay
-        super()._update_block(param, grad, m, v, scratch, step)
+        super()._update_block(param, grad, state, scratch, constants)

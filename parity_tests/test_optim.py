@@ -8,6 +8,7 @@ works as a model does: named views of one flat vector, stepped with one flat gra
 from __future__ import annotations
 
 import re
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from crosscheck.compare import compare
+from numpy_engine import optim
 from numpy_engine.checks import InputError
 from numpy_engine.optim import SGD, Adam, AdamW, clip_grad_norm
 from numpy_engine.params import flatten, unflatten
@@ -189,6 +191,71 @@ def test_step_with_max_grad_norm_equals_clip_then_step():
         assert norm == expected_norm
         np.testing.assert_array_equal(fused, separate)
     assert fused_opt.step(fused, grads) is None  # no max_grad_norm: no norm computed
+
+
+@given(
+    block_entries=st.integers(1, 30),
+    max_norm=st.sampled_from([None, 0.5]),
+    kind=st.sampled_from(["sgd", "adam", "adamw"]),
+    seed=seeds,
+)
+def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
+    block_entries, max_norm, kind, seed
+):
+    """The grads dict, read in blocks that lie inside one array or span several (entries of
+    26 in blocks of 1 to 30), steps the parameters to the same bits as the flat gradient in
+    the same blocks, and to within rounding of the flat gradient in one block (the norm's
+    squares are summed block by block); no gradient is changed by the step."""
+    make = {
+        "sgd": lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+        "adam": lambda p: Adam(p, lr=0.01, weight_decay=0.01),
+        "adamw": lambda p: AdamW(p, lr=0.01),
+    }[kind]
+    rng = np.random.default_rng(seed)
+    flat, params = random_params(rng)
+    twin, whole_twin = flat.copy(), flat.copy()
+    with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
+        from_dict, from_flat = make(params), make(unflatten(twin, params))
+    whole = make(unflatten(whole_twin, params))
+    assert len(from_dict.pieces) == -(-flat.size // block_entries) and len(whole.pieces) == 1
+    for scale in (5.0, 0.01, 5.0):  # clipped, not clipped, clipped (with max_norm)
+        grads = {key: scale * rng.standard_normal(v.shape) for key, v in params.items()}
+        flat_grads, kept = flatten(grads), {key: v.copy() for key, v in grads.items()}
+        norm = from_dict.step(flat, grads, max_grad_norm=max_norm)
+        assert norm == from_flat.step(twin, flat_grads, max_grad_norm=max_norm)
+        np.testing.assert_array_equal(flat, twin)
+        whole_norm = whole.step(whole_twin, flat_grads, max_grad_norm=max_norm)
+        if max_norm is not None:
+            assert abs(norm - whole_norm) <= 1e-15 * whole_norm
+        np.testing.assert_allclose(flat, whole_twin, rtol=1e-13, atol=0)
+        np.testing.assert_array_equal(flat_grads, flatten(kept))
+        for key, value in kept.items():
+            np.testing.assert_array_equal(grads[key], value)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            lambda g: {k: g[k] for k in ("b", "w", "e")},
+            "grads must have exactly the parameters' keys, in their order",
+        ),
+        (lambda g: {k: v for k, v in g.items() if k != "e"}, "missing ['e'], unexpected []"),
+        (lambda g: g | {"b": np.zeros(5)}, "grads['b'] must have shape (4,), got (5,)"),
+        (lambda g: g | {"e": g["e"].astype(np.float32)}, "grads['e'] must have dtype float64"),
+        (lambda g: g | {"w": g["w"].tolist()}, "grads['w'] must be an array, got list"),
+    ],
+)
+@pytest.mark.parametrize("block_bytes", [optim.BLOCK_BYTES, 40])  # one block; blocks of 5
+def test_step_refuses_a_grads_dict_that_does_not_fit_the_params(change, words, block_bytes):
+    flat, params = random_params(np.random.default_rng(0))
+    with mock.patch.object(optim, "BLOCK_BYTES", block_bytes):
+        optimizer, before = Adam(params, lr=0.01), flat.copy()
+    grads = {key: np.ones_like(value) for key, value in params.items()}
+    with pytest.raises(InputError, match=re.escape(words)):
+        optimizer.step(flat, change(grads))
+    assert optimizer.step_count == 0
+    np.testing.assert_array_equal(flat, before)
 
 
 def test_clipping_float32_gradients_sums_their_squares_in_float64():
