@@ -43,7 +43,7 @@ ENGINE_PARTS = {  # part: functions timed, by module
         "layers": ["linear_forward", "linear_backward", "_folded_forward", "_folded_backward"]
     },
     "attention": {"attention": ["attention_forward", "attention_backward"]},
-    "heads": {"attention": ["split_heads", "heads_buffer", "_stacked", "_unstacked"]},
+    "heads": {"attention": ["split_heads", "heads_buffer", "stacked", "unstacked"]},
     "layernorm": {
         "layers": [
             "layernorm_forward",

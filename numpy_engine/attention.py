@@ -19,7 +19,13 @@ import numpy as np
 from numpy_engine.blocking import slices
 from numpy_engine.checks import InputError
 from numpy_engine.keys import with_prefix
-from numpy_engine.layers import input_affine_grads, linear_backward, linear_forward
+from numpy_engine.layers import (
+    input_affine_grads,
+    linear_backward,
+    linear_forward,
+    stacked,
+    unstacked,
+)
 from numpy_engine.reductions import dot_last, sum_last
 
 # ------------------------------------------------------------------------------ masks
@@ -257,25 +263,12 @@ def heads_buffer(leading: tuple, width: int, n_heads: int, n_parts: int, dtype) 
     return merged, split_heads(merged, n_heads, n_parts)
 
 
-def _stacked(p: dict[str, np.ndarray], names: tuple[str, ...]) -> tuple:
-    """Several projections as one: weights stacked row-wise (len(names) * C, C), biases joined.
-
-    x @ [Wq; Wk; Wv].T is [x @ Wq.T, x @ Wk.T, x @ Wv.T] side by side: one matmul
-    instead of three, and in the backward one matmul sums the three input gradients.
-    """
-    weight = np.concatenate([p[f"{name}.weight"] for name in names])
-    bias = np.concatenate([p[f"{name}.bias"] for name in names])
-    return weight, bias
-
-
-def _unstacked(stacked: dict[str, np.ndarray], names: tuple[str, ...]) -> dict:
-    """The stacked projection's gradients, split back into each projection's (row blocks)."""
-    C = stacked["weight"].shape[0] // len(names)
-    grads = {}
-    for i, name in enumerate(names):
-        grads[f"{name}.weight"] = stacked["weight"][i * C : (i + 1) * C]
-        grads[f"{name}.bias"] = stacked["bias"][i * C : (i + 1) * C]
-    return grads
+def _qkv(p: dict[str, np.ndarray]) -> tuple:
+    """The q, k, v projections as one (layers.stacked): stacked once by a decoder, whose
+    weights stay fixed while it runs ("qkv_proj.*", models/minigpt.py), else now."""
+    if "qkv_proj.weight" in p:
+        return p["qkv_proj.weight"], p["qkv_proj.bias"]
+    return stacked(p, QKV)
 
 
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -318,7 +311,7 @@ def self_attention_forward(
     (incremental decoding; there is no backward through past). affine: x's layernorm scale
     and shift, for the stacked projection to fold in (layers.linear_forward).
     """
-    qkv, qkv_cache = linear_forward(x, *_stacked(p, QKV), affine)  # (B, T, 3C)
+    qkv, qkv_cache = linear_forward(x, *_qkv(p), affine)  # (B, T, 3C)
     q, k, v = split_heads(qkv, n_heads, n_parts=3)  # (B, H, T, hs) each
     if past is not None:
         k, v = np.concatenate([past.k, k], axis=2), np.concatenate([past.v, v], axis=2)
@@ -340,7 +333,7 @@ def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tupl
     attention_backward(split_heads(dy, cache.n_heads), cache.attention, out=heads)
     # x fed the queries, keys and values: the stacked matmul adds the three paths
     dx, qkv_grads = linear_backward(dqkv, cache.qkv_proj)
-    grads = _unstacked(qkv_grads, QKV) | with_prefix(out_grads, "out_proj.")
+    grads = unstacked(qkv_grads, QKV) | with_prefix(out_grads, "out_proj.")
     return dx, grads | input_affine_grads(qkv_grads)
 
 
@@ -354,7 +347,7 @@ class CrossAttentionCache(NamedTuple):
 
 def memory_keys_values(memory: np.ndarray, p: dict[str, np.ndarray], n_heads: int) -> tuple:
     """Keys and values over memory (B, Tk, C) in one matmul: ((k, v), the projection's cache)."""
-    kv, kv_cache = linear_forward(memory, *_stacked(p, KV))  # (B, Tk, 2C)
+    kv, kv_cache = linear_forward(memory, *stacked(p, KV))  # (B, Tk, 2C)
     return KeysValues(*split_heads(kv, n_heads, n_parts=2)), kv_cache  # (B, H, Tk, hs) each
 
 
@@ -397,5 +390,5 @@ def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tu
     # memory fed the keys and the values: the stacked matmul adds the two paths
     dmemory, kv_grads = linear_backward(dkv, cache.kv_proj)
     affine_grads = input_affine_grads(q_grads)
-    grads = with_prefix(q_grads, "q_proj.") | _unstacked(kv_grads, KV)
+    grads = with_prefix(q_grads, "q_proj.") | unstacked(kv_grads, KV)
     return dx, dmemory, grads | with_prefix(out_grads, "out_proj.") | affine_grads

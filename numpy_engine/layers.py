@@ -105,6 +105,27 @@ def _folded_backward(dout: np.ndarray, cache: FoldedCache) -> tuple:
     return dx, grads
 
 
+def stacked(p: dict[str, np.ndarray], names: tuple[str, ...]) -> tuple:
+    """Several projections as one: weights stacked row-wise (len(names) * C, C), biases joined.
+
+    x @ [Wq; Wk; Wv].T is [x @ Wq.T, x @ Wk.T, x @ Wv.T] side by side: one matmul
+    instead of three, and in the backward one matmul sums the three input gradients.
+    """
+    weight = np.concatenate([p[f"{name}.weight"] for name in names])
+    bias = np.concatenate([p[f"{name}.bias"] for name in names])
+    return weight, bias
+
+
+def unstacked(joined: dict[str, np.ndarray], names: tuple[str, ...]) -> dict:
+    """The stacked projection's gradients, split back into each projection's (row blocks)."""
+    C = joined["weight"].shape[0] // len(names)
+    grads = {}
+    for i, name in enumerate(names):
+        grads[f"{name}.weight"] = joined["weight"][i * C : (i + 1) * C]
+        grads[f"{name}.bias"] = joined["bias"][i * C : (i + 1) * C]
+    return grads
+
+
 # -------------------------------------------------------------------------- embedding
 
 

@@ -1,5 +1,5 @@
 """Parameter initialisation helpers, and flatten/unflatten: a model's params are named views
-of one flat vector (models/base.py), which the optimizer updates whole (optim.py).
+of one flat vector (models/base.py), which the optimizer updates block by block (optim.py).
 
 Each helper returns a dict keyed like the PyTorch submodule it mirrors
 (weight/bias, q_proj.weight, ln1.bias, ...); the models prefix and merge them.

@@ -146,8 +146,9 @@ class Model:
         return int((np.asarray(targets) != self.ignore_index()).sum())
 
     def flat_grads(self, grads: dict[str, np.ndarray], out: np.ndarray | None = None):
-        """grads as one vector laid out like self.flat, for the optimizer: a new array, or
-        written into out (shaped like self.flat; a training loop reuses one)."""
+        """grads as one vector laid out like self.flat: a new array, or written into out
+        (shaped like self.flat). The optimizer reads the grads dict itself; this vector is
+        for clip_grad_norm and for summing gradients over ranks (parallel.py)."""
         if list(grads) != list(self.params):
             raise InputError("grads must have exactly the model's parameter keys, in order")
         return flatten(grads, out)
