@@ -232,7 +232,8 @@ class CachedGPTDecoder:
     """Keeps each block's keys and values; a step runs one position through the model.
 
     Learned positions are absolute, so once the ids outgrow max_len the window slides,
-    every position shifts, and the cache is rebuilt from the new window.
+    every position shifts, and the cache is rebuilt from the new window. Each block's q, k,
+    v weights are stacked when the decoder is made: make a new one after changing weights.
     """
 
     def __init__(self, model: MiniGPT, prompt: np.ndarray) -> None:
