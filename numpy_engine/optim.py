@@ -74,6 +74,10 @@ def _norm_of_blocks(parts, wide: np.ndarray | None = None) -> float:
     return math.sqrt(squares)
 
 
+class NonFiniteGradients(FloatingPointError):
+    """A step's gradients hold a NaN or an infinity (Optimizer.step's error_if_nonfinite)."""
+
+
 def clip_coefficient(norm: float, max_norm: float):
     """torch's max_norm / (norm + 1e-6) as a float32 or float64 scalar to multiply the
     gradients by, or None when it is not below 1 (no clipping)."""
@@ -142,21 +146,34 @@ class Optimizer:
         self.pieces = slices(self.size, self.dtype.itemsize, BLOCK_BYTES)
         self.block_entries = self.pieces[0].stop
 
-    def step(self, flat_params: np.ndarray, grads, max_grad_norm: float | None = None):
+    def step(
+        self,
+        flat_params: np.ndarray,
+        grads,
+        max_grad_norm: float | None = None,
+        error_if_nonfinite: bool = False,
+    ):
         """Update flat_params in place from grads (the dict loss_and_grads returns, or a flat
         vector laid out like flat_params; neither is changed). With max_grad_norm, clip as
-        clip_grad_norm does first and return the norm before clipping; else None."""
+        clip_grad_norm does first and return the norm before clipping; else None.
+
+        error_if_nonfinite (torch's clip_grad_norm_ flag): a NaN or infinite norm, so some
+        NaN or inf in grads, raises NonFiniteGradients before anything is updated. The norm
+        finds them at no cost of its own when clipping: a training loop's guard."""
         self.check_vector("flat_params", flat_params)
         # rows: two for the update's intermediates, one for a gathered or clipped gradient
         scratch = np.empty((3, self.block_entries), self.dtype)
         gradients = Gradients(grads, self, scratch[2])
-        self.step_count += 1
         norm = coef = None
-        if max_grad_norm is not None:
+        if max_grad_norm is not None or error_if_nonfinite:
             wide = None if self.dtype == np.float64 else np.empty(self.block_entries, np.float64)
             norm = _norm_of_blocks(map(gradients.block, self.pieces), wide)
+            if error_if_nonfinite and not math.isfinite(norm):
+                raise NonFiniteGradients(f"the gradients' norm is {norm}")
+        if max_grad_norm is not None:
             coef = clip_coefficient(norm, max_grad_norm)
             coef = None if coef is None else self.dtype.type(coef)
+        self.step_count += 1
         constants = self._step_constants()
         state = list(self.flat_state.values())
         for piece in self.pieces:
@@ -168,7 +185,7 @@ class Optimizer:
             self._update_block(
                 flat_params[piece], grad, blocks_of_state, scratch[:2, :n], constants
             )
-        return norm
+        return norm if max_grad_norm is not None else None
 
     def check_vector(self, name: str, flat) -> None:
         if not isinstance(flat, np.ndarray) or flat.shape != (self.size,):

@@ -258,6 +258,29 @@ def test_step_refuses_a_grads_dict_that_does_not_fit_the_params(change, words, b
     np.testing.assert_array_equal(flat, before)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("max_norm", [None, 1.0])
+def test_error_if_nonfinite_refuses_a_nan_or_inf_gradient_before_any_update(bad, max_norm):
+    """As torch's clip_grad_norm_(error_if_nonfinite=True): the norm the step computes finds
+    a NaN or inf anywhere, and nothing (params, moments, step count) moves; without the flag
+    the NaN flows into the update, as in torch."""
+    flat, params = random_params(np.random.default_rng(0))
+    optimizer = AdamW(params, lr=0.01)
+    optimizer.step(flat, np.ones(flat.size))
+    before = flat.copy(), {k: v.copy() for k, v in optimizer.flat_state.items()}
+    grads = {key: np.ones_like(value) for key, value in params.items()}
+    grads["b"][2] = bad
+    with pytest.raises(optim.NonFiniteGradients, match="the gradients' norm is (nan|inf)"):
+        optimizer.step(flat, grads, max_grad_norm=max_norm, error_if_nonfinite=True)
+    assert optimizer.step_count == 1
+    np.testing.assert_array_equal(flat, before[0])
+    for name, value in optimizer.flat_state.items():
+        np.testing.assert_array_equal(value, before[1][name])
+    with np.errstate(invalid="ignore", divide="ignore"):  # inf / inf, inf * 0
+        optimizer.step(flat, grads, max_grad_norm=max_norm)
+    assert not np.isfinite(flat).all() and optimizer.step_count == 2
+
+
 def test_clipping_float32_gradients_sums_their_squares_in_float64():
     """A float32 sum of squares loses digits over many entries and overflows past ~1.8e19:
     the global norm must be the float64 one, and an entry of 1e20 must not zero the rest."""

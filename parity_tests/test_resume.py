@@ -85,19 +85,28 @@ class ExplodingSeq2Seq(ne.Seq2SeqTransformer):
         return loss, grads
 
 
-def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_path):
+@pytest.mark.parametrize("accumulate", [None, 2])  # the grads dict; a flat sum of two
+def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_path, accumulate):
+    from numpy_engine.parallel import DataParallel, OneProcess
+
+    ExplodingSeq2Seq.calls = 0
     model = ExplodingSeq2Seq(ne.Seq2SeqConfig(), seed=7)
     history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
     state = TrainState(model, Adam(model.params), np.random.default_rng(1), 0, history)
     cfg = SequenceTrainConfig(steps=20, eval_every=5)
+    parallel = accumulate and DataParallel(OneProcess(), accumulate)
+    # a step reads one batch, or (accumulate=2) two micro-batches summed into a flat vector:
+    # the 7th call is in step 7, or in step 4
+    step, saved = (7, 5) if accumulate is None else (4, 2)
     with pytest.raises(
         TrainingDiverged,
-        match="step 7: the gradient of 'embed.weight' is not "
-        "finite \\(1 NaN, 0 inf\\).*checkpoint of step 5 is intact",
+        match=f"step {step}: the gradient of 'embed.weight' is not "
+        f"finite \\(1 NaN, 0 inf\\).*checkpoint of step {saved} is intact",
     ):
-        train_sequence_task(cfg, None, None, Checkpointing(tmp_path, 5), state)
+        checkpointing = Checkpointing(tmp_path, saved)
+        train_sequence_task(cfg, None, None, checkpointing, state, parallel)
     kept = load_checkpoint(tmp_path)
-    assert kept.meta["step"] == 5
+    assert kept.meta["step"] == saved
     assert all(np.isfinite(value).all() for value in kept.model.params.values())
 
 
