@@ -10,7 +10,8 @@ views; an optimizer updates that vector block by block, each block while it is i
 The gradients are the dict loss_and_grads returns (keyed and ordered like the params), read
 block by block without being concatenated whole, or one flat vector laid out like
 model.flat (model.flat_grads(grads); clip_grad_norm scales such a vector in place, for a
-loop that clips on its own). The step never changes the gradients it is given.
+loop that clips on its own). The step never changes the gradients it is given; with
+error_if_nonfinite=True a NaN or inf among them is an error before anything is updated.
 
 The state (step count, moments) is saved per parameter by `state_dict()` and restored by
 `load_state_dict()`, keyed "<moment>.<param key>".
@@ -98,6 +99,7 @@ class Gradients:
             if len(optimizer.pieces) == 1:  # all in one block: gather it once, here
                 optimizer.check_grads_dict(grads, dtypes=False)  # casting="no" checks them
                 try:
+                    # axis None ravels each array; out is the scratch row
                     self.flat = np.concatenate(self.arrays, None, gathered, casting="no")
                 except TypeError:
                     optimizer.check_grads_dict(grads)  # names the array
