@@ -31,14 +31,15 @@ from numpy_engine.params import unflatten
 BLOCK_BYTES = 1 << 20  # of each vector updated together (256K float32 entries)
 
 
-def blocks(flat: np.ndarray) -> list[slice]:
-    """Slices of flat, BLOCK_BYTES each. An update made of several whole-vector operations,
-    run block by block, reads each array from memory once instead of once per operation:
-    on a 124M-parameter model that is most of the optimizer's time. Measured there (float32,
-    an AdamW step with clipping, one thread, sizes alternating in one process, median of 6):
-    whole vectors 908 ms; blocks of 256 KB 304-306 ms, 512 KB 292, 1 MB 282-283, 2 MB 284,
-    4 MB 325. Fewer blocks are fewer calls; past 2 MB the blocks' arrays leave the caches."""
-    return slices(flat.size, flat.itemsize, BLOCK_BYTES)
+def blocks(size: int, itemsize: int) -> list[slice]:
+    """Slices of a vector of size entries, BLOCK_BYTES each. An update made of several
+    whole-vector operations, run block by block, reads each array from memory once instead
+    of once per operation: on a 124M-parameter model that is most of the optimizer's time.
+    Measured there (float32, an AdamW step with clipping, one thread, sizes alternating in
+    one process, median of 6): whole vectors 908 ms; blocks of 256 KB 304-306 ms, 512 KB
+    292, 1 MB 282-283, 2 MB 284, 4 MB 325. Fewer blocks are fewer calls; past 2 MB the
+    blocks' arrays leave the caches."""
+    return slices(size, itemsize, BLOCK_BYTES)
 
 
 def clip_grad_norm(flat_grads: np.ndarray, max_norm: float) -> float:
@@ -58,17 +59,17 @@ def clip_grad_norm(flat_grads: np.ndarray, max_norm: float) -> float:
 def global_norm(flat: np.ndarray) -> float:
     """The L2 norm, its squares summed in float64 (block by block: no float64 copy of the
     whole vector; a float32 sum loses digits over many entries and overflows past 1.8e19)."""
-    return _norm_of_blocks(flat[block] for block in blocks(flat))
+    pieces = blocks(flat.size, flat.itemsize)
+    return _norm_of_blocks((flat[block] for block in pieces), pieces[0].stop)
 
 
-def _norm_of_blocks(parts, wide: np.ndarray | None = None) -> float:
-    """The L2 norm of the blocks' entries together, each squared and summed in float64 (a
-    float32 block copied into `wide`, a float64 scratch, when given)."""
+def _norm_of_blocks(parts, block_entries: int) -> float:
+    """The L2 norm of the blocks' entries (at most block_entries each) together, each block
+    squared and summed in float64 (a float32 block copied into one float64 scratch)."""
+    wide = np.empty(block_entries, np.float64)
     squares = 0.0
     for part in parts:
-        if part.dtype != np.float64 and wide is None:
-            part = part.astype(np.float64)
-        elif part.dtype != np.float64:
+        if part.dtype != np.float64:
             np.copyto(wide[: part.size], part)
             part = wide[: part.size]
         squares += float(np.dot(part, part))
@@ -142,10 +143,9 @@ class Optimizer:
         self.flat_state = {name: np.zeros(self.size, self.dtype) for name in self.state_names}
         self.state = {name: unflatten(flat, params) for name, flat in self.flat_state.items()}
         self.keys = list(params)
-        self.layout = [(p.shape, p.dtype) for p in params.values()]
-        self.shapes = [shape for shape, _ in self.layout]
+        self.shapes = [p.shape for p in params.values()]
         self.starts = np.cumsum([0] + [p.size for p in params.values()]).tolist()
-        self.pieces = slices(self.size, self.dtype.itemsize, BLOCK_BYTES)
+        self.pieces = blocks(self.size, self.dtype.itemsize)
         self.block_entries = self.pieces[0].stop
 
     def step(
@@ -168,8 +168,7 @@ class Optimizer:
         gradients = Gradients(grads, self, scratch[2])
         norm = coef = None
         if max_grad_norm is not None or error_if_nonfinite:
-            wide = None if self.dtype == np.float64 else np.empty(self.block_entries, np.float64)
-            norm = _norm_of_blocks(map(gradients.block, self.pieces), wide)
+            norm = _norm_of_blocks(map(gradients.block, self.pieces), self.block_entries)
             if error_if_nonfinite and not math.isfinite(norm):
                 raise NonFiniteGradients(f"the gradients' norm is {norm}")
         if max_grad_norm is not None:
@@ -211,13 +210,15 @@ class Optimizer:
         except AttributeError:  # not an array
             same = False
         if not same:
-            for key, g, (shape, dtype) in zip(self.keys, grads.values(), self.layout, strict=True):
+            for key, g, shape in zip(self.keys, grads.values(), self.shapes, strict=True):
                 if not isinstance(g, np.ndarray):
                     raise InputError(f"grads[{key!r}] must be an array, got {type(g).__name__}")
                 if g.shape != shape:
                     raise InputError(f"grads[{key!r}] must have shape {shape}, got {g.shape}")
-                if g.dtype != dtype:
-                    raise InputTypeError(f"grads[{key!r}] must have dtype {dtype}, got {g.dtype}")
+                if g.dtype != self.dtype:
+                    raise InputTypeError(
+                        f"grads[{key!r}] must have dtype {self.dtype}, got {g.dtype}"
+                    )
 
     def _step_constants(self) -> tuple:
         """What every block's update shares this step (after step_count was counted)."""
