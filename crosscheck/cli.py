@@ -10,7 +10,12 @@ import argparse
 import sys
 
 from numpy_engine.checks import InputError
-from numpy_engine.cli_args import add_checkpoint_argument, positive_int, run_command
+from numpy_engine.cli_args import (
+    add_checkpoint_argument,
+    non_negative_int,
+    positive_int,
+    run_command,
+)
 from numpy_engine.models import KINDS
 
 
@@ -36,7 +41,9 @@ def add_parity_command(commands) -> None:
         help="float64: agree within 1e-10 relative; float32: within the rounding bound of "
         "crosscheck/compare.py, against a float64 run on the same weights (default: float64)",
     )
-    parity.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
+    parity.add_argument(
+        "--seed", type=non_negative_int, default=0, help="weights and batch seed (default: 0)"
+    )
     parity.set_defaults(run=run_parity)
 
 

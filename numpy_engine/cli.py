@@ -26,6 +26,7 @@ from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
     add_source_or_prompt,
+    non_negative_int,
     positive_float,
     positive_int,
     run_command,
@@ -44,7 +45,7 @@ TORCH_COMMANDS = {
 # defaults are the reference runs' (configs.REFERENCE_RUNS), shown in --help from there.
 RUN_FLAGS = {
     "steps": (positive_int, "optimizer steps"),
-    "seed": (int, "seeds the data split, the initial weights and the batches"),
+    "seed": (non_negative_int, "seeds the data split, the initial weights and the batches"),
     "lr": (positive_float, "learning rate, of Adam for copy/reverse and AdamW for char-lm/lm"),
     "batch_size": (positive_int, "sequences per step"),
     "clip": (positive_float, "clip the global gradient norm to this"),
@@ -157,7 +158,9 @@ def add_generate_command(commands) -> None:
         type=positive_float,
         help="char-lm: sample among the likeliest whose mass reaches p, 0 < p <= 1 (samples)",
     )
-    gen.add_argument("--seed", type=int, default=0, help="char-lm: the sampler's seed (default: 0)")
+    gen.add_argument(
+        "--seed", type=non_negative_int, default=0, help="char-lm: the sampler's seed (default: 0)"
+    )
     gen.add_argument(
         "--no-cache",
         action="store_true",

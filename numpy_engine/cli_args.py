@@ -5,6 +5,7 @@ one wrapper that turns errors into a message and an exit status (also for crossc
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -20,10 +21,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A seed: NumPy's generators take any integer from 0 up."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    value = float(text)  # "1e400" reads as inf
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
 
 

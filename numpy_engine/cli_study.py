@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from numpy_engine.checks import InputError
-from numpy_engine.cli_args import add_checkpoint_argument, add_source_or_prompt, int_in
+from numpy_engine.cli_args import (
+    add_checkpoint_argument,
+    add_source_or_prompt,
+    int_in,
+    non_negative_int,
+)
 from numpy_engine.models import KINDS
 
 MAX_ENTRIES = 64
@@ -60,7 +65,9 @@ def add_study_commands(commands) -> None:
         default="seq2seq",
         help="the model kind: seq2seq (the copy model), gpt (MiniGPT), ... (default: seq2seq)",
     )
-    grads.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
+    grads.add_argument(
+        "--seed", type=non_negative_int, default=0, help="weights and batch seed (default: 0)"
+    )
     grads.add_argument(
         "--entries",
         type=int_in(1, MAX_ENTRIES),

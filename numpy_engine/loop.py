@@ -73,12 +73,20 @@ class Progress:
 
 
 def check_run_config(cfg) -> None:
-    for name in ("steps", "batch_size", "eval_every"):
+    """A training config's numbers, each named when it is wrong (the command line's flags
+    are checked as they are parsed; this is for a run configured from Python)."""
+    counts = (("steps", 1), ("batch_size", 1), ("eval_every", 1), ("context", 1), ("seed", 0))
+    for name, least in counts:
+        if not hasattr(cfg, name):  # context: a language model's run only
+            continue
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{name} must be a positive int, got {value!r}")
-    if not cfg.lr > 0 or not cfg.clip > 0:
-        raise InputError(f"lr and clip must be positive, got lr={cfg.lr}, clip={cfg.clip}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "a positive" if least else "a non-negative"
+            raise InputError(f"{name} must be {kind} int, got {value!r}")
+    for name in ("lr", "clip"):
+        value = getattr(cfg, name)
+        if not 0 < value < math.inf:  # False for NaN too
+            raise InputError(f"{name} must be a positive finite number, got {value}")
 
 
 def check_loss(step: int, loss: float) -> None:

@@ -134,8 +134,8 @@ class Optimizer:
     state_names: tuple[str, ...] = ()
 
     def __init__(self, params: dict[str, np.ndarray], lr: float) -> None:
-        if not lr > 0:
-            raise InputError(f"lr must be positive, got {lr}")
+        if not 0 < lr < math.inf:  # False for NaN too
+            raise InputError(f"lr must be a positive finite number, got {lr}")
         self.lr = lr
         self.step_count = 0
         self.size = sum(p.size for p in params.values())

@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from crosscheck.cli import build_parser as crosscheck_parser
+from numpy_engine.cli import build_parser as engine_parser
+
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -127,6 +130,27 @@ def test_bad_flags_exit_2_with_one_line(args, message):
     result = run_cli(*args)
     assert result.returncode == 2 and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "copy", "--seed", "-1"], "--seed: must be a non-negative integer, got -1"),
+        (["generate", "--checkpoint", "RUN", "--prompt", "a", "--seed", "-2"], "got -2"),
+        (["grads", "--seed", "-1"], "--seed: must be a non-negative integer"),
+        (["parity", "--seed", "-1"], "--seed: must be a non-negative integer"),
+        (["train", "copy", "--lr", "inf"], "--lr: must be a positive finite number, got inf"),
+        (["train", "copy", "--lr", "1e400"], "must be a positive finite number, got 1e400"),
+        (["train", "copy", "--clip", "nan"], "--clip: must be a positive finite number"),
+        (["generate", "--checkpoint", "RUN", "--prompt", "a", "--top-p", "inf"], "finite"),
+    ],
+)
+def test_flags_out_of_range_are_refused_as_they_are_parsed(args, message, capsys):
+    """In this process (argparse's exit 2 and its message): no subprocess to pay for."""
+    parser = crosscheck_parser() if args[0] == "parity" else engine_parser()
+    with pytest.raises(SystemExit) as exit_status:
+        parser.parse_args(args)
+    assert exit_status.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_bad_inputs_exit_2_without_traceback(tmp_path, copy_dir):

@@ -7,6 +7,7 @@ works as a model does: named views of one flat vector, stepped with one flat gra
 
 from __future__ import annotations
 
+import math
 import re
 from unittest import mock
 
@@ -294,6 +295,13 @@ def test_clipping_float32_gradients_sums_their_squares_in_float64():
     assert abs(norm - 1e20) <= 1e-6 * 1e20
     assert np.isfinite(huge).all() and huge[0] > 0.99
     assert huge[1] > 0, "the small entry was zeroed: the norm overflowed to inf"
+
+
+@pytest.mark.parametrize("lr", [0.0, -1e-3, math.inf, math.nan])
+@pytest.mark.parametrize("optimizer_class", [SGD, Adam, AdamW])
+def test_a_learning_rate_that_is_not_positive_and_finite_is_refused(optimizer_class, lr):
+    with pytest.raises(InputError, match=f"lr must be a positive finite number, got {lr}"):
+        optimizer_class(random_params(np.random.default_rng(0))[1], lr=lr)
 
 
 @pytest.mark.parametrize(

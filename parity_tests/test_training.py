@@ -56,5 +56,11 @@ def test_reverse_task_learns(tmp_path):
 def test_bad_training_settings():
     with pytest.raises(ValueError, match="steps must be a positive int"):
         train_sequence_task(SequenceTrainConfig(steps=0), progress_stream=None)
-    with pytest.raises(ValueError, match="lr and clip must be positive"):
+    with pytest.raises(ValueError, match="lr must be a positive finite number, got -1.0"):
         train_char_lm(CharTrainConfig(lr=-1.0), progress_stream=None)
+    bad = {"seed": -1, "lr": math.inf, "clip": math.nan, "context": 0}
+    said = {"seed": "a non-negative int, got -1", "lr": "a positive finite number, got inf"}
+    said |= {"clip": "a positive finite number, got nan", "context": "a positive int, got 0"}
+    for name, value in bad.items():  # refused before any data or weights are drawn
+        with pytest.raises(ValueError, match=f"{name} must be {said[name]}"):
+            train_char_lm(CharTrainConfig(**{name: value}), progress_stream=None)
