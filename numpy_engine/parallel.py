@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from numpy_engine.checks import InputError
+from numpy_engine.params import unflatten
 
 RANK_COUNT_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")  # set by mpiexec (MPICH, Open MPI)
 ABORT_GRACE_SECONDS = 1.0
@@ -113,12 +114,18 @@ class DataParallel:
         """One process, one batch: the loop's direct path, no scaling or reduction."""
         return self.group.size == 1 and self.accumulate == 1
 
-    def _buffers(self, size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
-        """(the reduced vector, size + 3; one micro-batch's flat gradient), made once and
-        reused every step: a step of GPT-2 would otherwise fault in 1 GB of fresh pages."""
+    def _buffers(self, params: dict[str, np.ndarray]) -> tuple[np.ndarray, dict, np.ndarray]:
+        """(the reduced vector, size + 3; its views shaped like params; a scratch as large as
+        the largest parameter, for one n x gradient at a time), made once and reused every
+        step: a step of GPT-2 would otherwise fault in fresh pages, and a whole flat copy of
+        each micro-batch's gradient would cost 500 MB more on it."""
+        size = sum(p.size for p in params.values())
+        dtype = next(iter(params.values())).dtype
         kept = self._kept
-        if not kept or kept[1].size != size or kept[1].dtype != dtype:
-            self._kept = (np.empty(size + 3, dtype), np.empty(size, dtype))
+        if not kept or kept[0].size != size + 3 or kept[0].dtype != dtype:
+            reduced = np.empty(size + 3, dtype)
+            largest = max(p.size for p in params.values())
+            self._kept = (reduced, unflatten(reduced[:size], params), np.empty(largest, dtype))
         return self._kept
 
     def share(self, batch: tuple) -> list[tuple]:
@@ -131,7 +138,7 @@ class DataParallel:
         """(the global mean loss, the global mean gradient as a flat vector) of one step.
         local_step(micro_batch) -> (loss, grads) is the loop's guarded loss_and_grads."""
         P = model.flat.size
-        reduced, flat = self._buffers(P, model.flat.dtype)
+        reduced, summed, scratch = self._buffers(model.params)
         reduced[...] = 0.0  # [n g ..., n, n loss, failures]
         failure = None
         try:
@@ -140,9 +147,7 @@ class DataParallel:
                 if n == 0:
                     continue  # a share with no counted target adds nothing
                 loss, grads = local_step(micro)
-                model.flat_grads(grads, out=flat)
-                flat *= n
-                reduced[:P] += flat
+                add_scaled(summed, grads, n, scratch)
                 reduced[P] += n
                 reduced[P + 1] += loss * n
         except Exception as error:  # any: the other ranks must not wait for this one
@@ -159,6 +164,17 @@ class DataParallel:
         grads = reduced[:P]
         grads /= count
         return float(reduced[P + 1] / count), grads
+
+
+def add_scaled(summed: dict, grads: dict, n: int, scratch: np.ndarray) -> None:
+    """summed[key] += n * grads[key] for every key, n * grads[key] made in scratch (its first
+    entries). grads must have summed's keys, in order, and shapes."""
+    if list(grads) != list(summed):
+        raise InputError("grads must have exactly the model's parameter keys, in order")
+    for (key, total), grad in zip(summed.items(), grads.values(), strict=True):
+        if grad.shape != total.shape:
+            raise InputError(f"grads[{key!r}] must have shape {total.shape}, got {grad.shape}")
+        total += np.multiply(grad, n, out=scratch[: grad.size].reshape(grad.shape))
 
 
 def run_as_rank(parallel: DataParallel, body, command: str) -> int:

@@ -127,3 +127,21 @@ def test_data_parallel_without_the_mpi_extra_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # `import mpi4py` now fails
     with pytest.raises(InputError, match=r"needs the mpi extra: pip install -e '\.\[mpi\]'"):
         process_group(True)
+
+
+def test_add_scaled_sums_n_times_each_gradient_and_refuses_one_that_does_not_fit():
+    from numpy_engine.parallel import add_scaled
+
+    rng = np.random.default_rng(0)
+    grads = {"fc.weight": rng.standard_normal((3, 4)), "fc.bias": rng.standard_normal(3)}
+    summed = {key: rng.standard_normal(g.shape) for key, g in grads.items()}
+    expected = {key: summed[key] + 7 * g for key, g in grads.items()}
+    scratch = np.empty(12)
+    add_scaled(summed, grads, 7, scratch)
+    assert all(np.array_equal(summed[key], expected[key]) for key in grads)
+    with pytest.raises(InputError, match="exactly the model's parameter keys, in order"):
+        add_scaled(summed, dict(reversed(grads.items())), 1, scratch)
+    broadcastable = {"fc.weight": np.ones((1, 4)), "fc.bias": np.ones(3)}  # += would broadcast
+    with pytest.raises(InputError, match=r"grads\['fc.weight'\] must have shape \(3, 4\)"):
+        add_scaled(summed, broadcastable, 1, scratch)
+    assert all(np.array_equal(summed[key], expected[key]) for key in grads)  # nothing added

@@ -147,8 +147,8 @@ class Model:
 
     def flat_grads(self, grads: dict[str, np.ndarray], out: np.ndarray | None = None):
         """grads as one vector laid out like self.flat: a new array, or written into out
-        (shaped like self.flat). The optimizer reads the grads dict itself; this vector is
-        for clip_grad_norm and for summing gradients over ranks (parallel.py)."""
+        (shaped like self.flat). The optimizer and the data-parallel sum read the grads dict
+        itself; this vector is for clip_grad_norm, in a loop that clips on its own."""
         if list(grads) != list(self.params):
             raise InputError("grads must have exactly the model's parameter keys, in order")
         return flatten(grads, out)
