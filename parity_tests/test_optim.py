@@ -14,7 +14,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from crosscheck.compare import compare
@@ -200,6 +200,9 @@ def test_step_with_max_grad_norm_equals_clip_then_step():
     kind=st.sampled_from(["sgd", "adam", "adamw"]),
     seed=seeds,
 )
+# blocks of 3: 15..18 spans b and e; of 14: 0..14 spans w and b, the last, 14..26 (short), b and e
+@example(block_entries=3, max_norm=None, kind="adam", seed=0)
+@example(block_entries=14, max_norm=0.5, kind="adamw", seed=0)
 def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
     block_entries, max_norm, kind, seed
 ):
