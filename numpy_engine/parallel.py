@@ -114,18 +114,17 @@ class DataParallel:
         """One process, one batch: the loop's direct path, no scaling or reduction."""
         return self.group.size == 1 and self.accumulate == 1
 
-    def _buffers(self, params: dict[str, np.ndarray]) -> tuple[np.ndarray, dict, np.ndarray]:
-        """(the reduced vector, size + 3; its views shaped like params; a scratch as large as
-        the largest parameter, for one n x gradient at a time), made once and reused every
+    def _buffers(self, model) -> tuple[np.ndarray, dict, np.ndarray]:
+        """(the reduced vector, P + 3; its views shaped like model.params; a scratch as large
+        as the largest parameter, for one n x gradient at a time), made once and reused every
         step: a step of GPT-2 would otherwise fault in fresh pages, and a whole flat copy of
         each micro-batch's gradient would cost 500 MB more on it."""
-        size = sum(p.size for p in params.values())
-        dtype = next(iter(params.values())).dtype
+        P, dtype = model.flat.size, model.flat.dtype
         kept = self._kept
-        if not kept or kept[0].size != size + 3 or kept[0].dtype != dtype:
-            reduced = np.empty(size + 3, dtype)
-            largest = max(p.size for p in params.values())
-            self._kept = (reduced, unflatten(reduced[:size], params), np.empty(largest, dtype))
+        if not kept or kept[0].size != P + 3 or kept[0].dtype != dtype:
+            reduced = np.empty(P + 3, dtype)
+            largest = max(p.size for p in model.params.values())
+            self._kept = (reduced, unflatten(reduced[:P], model.params), np.empty(largest, dtype))
         return self._kept
 
     def share(self, batch: tuple) -> list[tuple]:
@@ -138,7 +137,7 @@ class DataParallel:
         """(the global mean loss, the global mean gradient as a flat vector) of one step.
         local_step(micro_batch) -> (loss, grads) is the loop's guarded loss_and_grads."""
         P = model.flat.size
-        reduced, summed, scratch = self._buffers(model.params)
+        reduced, summed, scratch = self._buffers(model)
         reduced[...] = 0.0  # [n g ..., n, n loss, failures]
         failure = None
         try:

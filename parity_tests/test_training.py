@@ -58,9 +58,18 @@ def test_bad_training_settings():
         train_sequence_task(SequenceTrainConfig(steps=0), progress_stream=None)
     with pytest.raises(ValueError, match="lr must be a positive finite number, got -1.0"):
         train_char_lm(CharTrainConfig(lr=-1.0), progress_stream=None)
-    bad = {"seed": -1, "lr": math.inf, "clip": math.nan, "context": 0}
-    said = {"seed": "a non-negative int, got -1", "lr": "a positive finite number, got inf"}
-    said |= {"clip": "a positive finite number, got nan", "context": "a positive int, got 0"}
-    for name, value in bad.items():  # refused before any data or weights are drawn
-        with pytest.raises(ValueError, match=f"{name} must be {said[name]}"):
-            train_char_lm(CharTrainConfig(**{name: value}), progress_stream=None)
+
+
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("seed", -1, "a non-negative int, got -1"),
+        ("lr", math.inf, "a positive finite number, got inf"),
+        ("clip", math.nan, "a positive finite number, got nan"),
+        ("context", 0, "a positive int, got 0"),
+    ],
+)
+def test_a_training_config_out_of_range_is_refused_by_name(name, value, words):
+    """Refused before any data or weights are drawn (a config from Python, not flags)."""
+    with pytest.raises(ValueError, match=f"{name} must be {words}"):
+        train_char_lm(CharTrainConfig(**{name: value}), progress_stream=None)
