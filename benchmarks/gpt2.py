@@ -194,5 +194,22 @@ def table(r: dict) -> str:
     )
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpt2",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "steps", nargs="?", type=int, default=4, help="timed training steps (default: 4)"
+    )
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"steps must be at least 1, got {args.steps}")
+    print(table(run(steps=args.steps, threads=1, memory=True)))
+
+
 if __name__ == "__main__":
-    print(table(run(steps=int(sys.argv[1]) if len(sys.argv) > 1 else 4, threads=1, memory=True)))
+    main()

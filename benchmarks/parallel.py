@@ -127,5 +127,22 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.parallel",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "steps", nargs="?", type=int, default=40, help="timed steps per run (default: 40)"
+    )
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"steps must be at least 1, got {args.steps}")
+    print(table(run(list(CONFIGS), args.steps)))
+
+
 if __name__ == "__main__":
-    print(table(run(list(CONFIGS), int(sys.argv[1]) if len(sys.argv) > 1 else 40)))
+    main()

@@ -304,7 +304,26 @@ def report(name: str, steps: int) -> str:
 STEPS = {"large": 4, gpt2.WORKLOAD: 3}  # ~1 s and ~3 s a step; the rest 50
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    known = [*workloads.WORKLOADS, gpt2.WORKLOAD]
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.where_time_goes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "configs",
+        nargs="*",
+        metavar="CONFIG",
+        help=f"workloads to report, of {', '.join(known)} (default: copy char-lm large)",
+    )
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.configs if name not in known]
+    if unknown:  # not choices=: Python 3.11 checks an empty list against them
+        parser.error(f"unknown configs {unknown}; known: {', '.join(known)}")
+
     import torch
     from threadpoolctl import threadpool_limits
 
@@ -312,11 +331,10 @@ def main(argv: list[str]) -> None:
 
     keep_freed_memory()
     torch.set_num_threads(1)
-    names = argv or ["copy", "char-lm", "large"]
     with threadpool_limits(1):
-        for name in names:
+        for name in args.configs or ["copy", "char-lm", "large"]:
             print(report(name, steps=STEPS.get(name, 50)), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

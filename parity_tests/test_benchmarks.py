@@ -160,3 +160,23 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
     assert float(line.split("new/old")[1]) > 0
     refused = run("no-such-revision", "--steps", "1")
     assert refused.returncode == 1 and "no-such-revision" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    "module, argv, named",
+    [
+        ("where_time_goes", ["copy", "tiny"], "unknown configs ['tiny']"),
+        ("parallel", ["0"], "steps must be at least 1, got 0"),
+        ("gpt2", ["four"], "invalid int value: 'four'"),
+    ],
+)
+def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, capsys):
+    """Each runnable benchmark script parses its arguments: a bad one exits 2 naming it before
+    anything is built (where_time_goes read any word as a workload, and --help too)."""
+    import importlib
+
+    script = importlib.import_module(f"benchmarks.{module}")
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
