@@ -176,6 +176,25 @@ def test_fully_hidden_attention_row_is_rejected():
         A.attention_forward(q, k, v, all_padding)  # broadcast over heads and queries
 
 
+def test_no_backward_through_attention_that_read_cached_keys_and_values():
+    """A decoding step's attention read keys and values made by an earlier call (past, or
+    memory_kv): its cache has no path back to them, so a backward through it is refused by
+    name instead of returning gradients that miss them (or failing deep inside)."""
+    from numpy_engine.params import attention_params
+
+    rng = np.random.default_rng(0)
+    p = attention_params(lambda shape: rng.standard_normal(shape), 8)
+    x, memory = rng.standard_normal((2, 1, 8)), rng.standard_normal((2, 3, 8))
+    _, earlier = A.self_attention_forward(rng.standard_normal((2, 2, 8)), p, 2, None)
+    _, cache = A.self_attention_forward(x, p, 2, None, past=A.keys_values(earlier))
+    with pytest.raises(InputError, match="read past keys and values"):
+        A.self_attention_backward(np.ones((2, 1, 8)), cache)
+    memory_kv, _ = A.memory_keys_values(memory, p, 2)
+    _, cache = A.cross_attention_forward(x, memory, p, 2, None, memory_kv)
+    with pytest.raises(InputError, match="was given memory_kv"):
+        A.cross_attention_backward(np.ones((2, 1, 8)), cache)
+
+
 def test_cross_entropy_with_every_target_ignored():
     with pytest.raises(ValueError, match="every target equals ignore_index=0"):
         losses.cross_entropy_forward(
