@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.workloads import paired_ratio, peak_rss_mb, timed
+from benchmarks.workloads import paired_ratio, peak_rss_mb, steps_argument, timed
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW
@@ -195,20 +195,8 @@ def table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.gpt2",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "steps", nargs="?", type=int, default=4, help="timed training steps (default: 4)"
-    )
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"steps must be at least 1, got {args.steps}")
-    print(table(run(steps=args.steps, threads=1, memory=True)))
+    steps = steps_argument(argv, "python -m benchmarks.gpt2", __doc__, 4, "timed training steps")
+    print(table(run(steps=steps, threads=1, memory=True)))
 
 
 if __name__ == "__main__":

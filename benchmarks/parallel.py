@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.workloads import WORKLOADS, build
+from benchmarks.workloads import WORKLOADS, build, steps_argument
 
 CONFIGS = ("char-lm", "large")
 ONE_THREAD = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -128,20 +128,10 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.parallel",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    steps = steps_argument(
+        argv, "python -m benchmarks.parallel", __doc__, 40, "timed steps per run"
     )
-    parser.add_argument(
-        "steps", nargs="?", type=int, default=40, help="timed steps per run (default: 40)"
-    )
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"steps must be at least 1, got {args.steps}")
-    print(table(run(list(CONFIGS), args.steps)))
+    print(table(run(list(CONFIGS), steps)))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,23 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
+def steps_argument(argv, prog: str, description: str, default: int, what: str) -> int:
+    """The one optional positional argument of a benchmark script, a count of steps at
+    least 1; --help prints description, a bad count exits 2 naming it."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "steps", nargs="?", type=int, default=default, help=f"{what} (default: {default})"
+    )
+    steps = parser.parse_args(argv).steps
+    if steps < 1:
+        parser.error(f"steps must be at least 1, got {steps}")
+    return steps
+
+
 def engine_step(model, optimizer, batch) -> float:
     loss, grads = model.loss_and_grads(*batch)
     optimizer.step(model.flat, grads, max_grad_norm=1.0)
