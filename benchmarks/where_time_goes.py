@@ -26,6 +26,7 @@ gpt2 (benchmarks/gpt2.py's workload) is timed against transformers' GPT2LMHeadMo
 
 from __future__ import annotations
 
+import argparse
 import collections
 import functools
 import statistics
@@ -305,9 +306,8 @@ STEPS = {"large": 4, gpt2.WORKLOAD: 3}  # ~1 s and ~3 s a step; the rest 50
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    known = [*workloads.WORKLOADS, gpt2.WORKLOAD]
+    default = list(workloads.WORKLOADS)  # copy, char-lm, large
+    known = [*default, gpt2.WORKLOAD]
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.where_time_goes",
         description=__doc__,
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         "configs",
         nargs="*",
         metavar="CONFIG",
-        help=f"workloads to report, of {', '.join(known)} (default: copy char-lm large)",
+        help=f"workloads to report, of {', '.join(known)} (default: {' '.join(default)})",
     )
     args = parser.parse_args(argv)
     unknown = [name for name in args.configs if name not in known]
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()
     torch.set_num_threads(1)
     with threadpool_limits(1):
-        for name in args.configs or ["copy", "char-lm", "large"]:
+        for name in args.configs or default:
             print(report(name, steps=STEPS.get(name, 50)), flush=True)
 
 

@@ -6,6 +6,7 @@ process that never imports torch, so its peak memory is the engine's own.
 
 from __future__ import annotations
 
+import argparse
 import resource
 import statistics
 import time
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numpy_engine.cli_args import positive_int
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import model_class
 from numpy_engine.optim import Adam, AdamW
@@ -69,20 +71,15 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
 
 
 def steps_argument(argv, prog: str, description: str, default: int, what: str) -> int:
-    """The one optional positional argument of a benchmark script, a count of steps at
-    least 1; --help prints description, a bad count exits 2 naming it."""
-    import argparse
-
+    """The one optional positional argument of a benchmark script, a positive count of
+    steps; --help prints description, a bad count exits 2 naming it."""
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "steps", nargs="?", type=int, default=default, help=f"{what} (default: {default})"
+        "steps", nargs="?", type=positive_int, default=default, help=f"{what} (default: {default})"
     )
-    steps = parser.parse_args(argv).steps
-    if steps < 1:
-        parser.error(f"steps must be at least 1, got {steps}")
-    return steps
+    return parser.parse_args(argv).steps
 
 
 def engine_step(model, optimizer, batch) -> float:

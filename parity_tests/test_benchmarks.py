@@ -166,8 +166,8 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
     "module, argv, named",
     [
         ("where_time_goes", ["copy", "tiny"], "unknown configs ['tiny']"),
-        ("parallel", ["0"], "steps must be at least 1, got 0"),
-        ("gpt2", ["four"], "invalid int value: 'four'"),
+        ("parallel", ["0"], "argument steps: must be a positive integer, got 0"),
+        ("gpt2", ["four"], "argument steps: invalid positive_int value: 'four'"),
     ],
 )
 def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, capsys):
