@@ -4,6 +4,8 @@ numpy_engine     the engine: numpy and the standard library (optional extras laz
 torch_reference  the witness: the same models in PyTorch, never the engine's code
 crosscheck       the glue: moves weights across, compares, reports; imports both
 benchmarks       every benchmark: workloads, train step, generation, the matmul floor
+mutation         the check of the checks: breaks the engine's code on a copy, runs the tests;
+                 it never imports the code it breaks (each mutant runs in its own process)
 """
 
 from __future__ import annotations
@@ -15,12 +17,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = {"numpy_engine", "torch_reference", "crosscheck", "benchmarks", "parity_tests"}
+PROJECT = {
+    "numpy_engine",
+    "torch_reference",
+    "crosscheck",
+    "benchmarks",
+    "mutation",
+    "parity_tests",
+}
 MAY_NOT_IMPORT = {
     "numpy_engine": {"torch", "torch_reference", "crosscheck", "benchmarks", "parity_tests"},
     "torch_reference": {"numpy_engine", "crosscheck", "benchmarks", "parity_tests"},
     "crosscheck": {"parity_tests"},
     "benchmarks": {"parity_tests"},
+    "mutation": {
+        "numpy_engine",
+        "torch",
+        "torch_reference",
+        "crosscheck",
+        "benchmarks",
+        "parity_tests",
+    },
 }
 OPTIONAL_EXTRAS = {"matplotlib", "mpi4py", "safetensors", "threadpoolctl", "tokenizers"}
 

@@ -1,0 +1,289 @@
+"""Run the tests against each mutant, on copies of the project, and report the survivors.
+
+    python -m mutation                                   # all the backward code (~2 h, 2 cores)
+    python -m mutation --target relu_backward gelu_backward --kinds operator constant
+    python -m mutation --log mutants.jsonl               # kept; run it again to resume
+    python -m mutation --list                            # the mutants, none run
+
+A mutant is killed when the tests fail against it (or run past the time limit), and
+survives when they pass. A survivor is a change the tests cannot see: a gap in the tests,
+or a change that computes the same thing (an equivalent mutant: a reshape(-1) made
+reshape(-2), a branch for speed whose two paths agree), which only reading it tells apart.
+
+Each job works in its own copy of the project (made afresh in a temporary directory, without
+.git and caches), writes one mutant's file there, runs pytest on it with -x, and puts the
+file back; the project itself is never written to. Bytecode is not cached in the copies, so
+two mutants of one file never share a stale .pyc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from mutation.mutants import KINDS, Mutant, mutants, mutated_source
+from mutation.targets import BACKWARD_CODE, NUMBER_TESTS, backward_targets
+
+PYTEST = ("-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider")
+NOT_COPIED = (".git", ".hypothesis", "__pycache__", "*.egg-info", ".*_cache", "runs", ".venv")
+PRINT_ORIGINS = """import importlib.util, sys
+for name in sys.argv[1:]:
+    print(importlib.util.find_spec(name).origin)
+"""
+TIME_LIMIT_FACTOR, TIME_LIMIT_MIN = 5, 60  # a mutant's run may take this times the clean run's
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    root = args.root.resolve()
+    try:
+        targets = resolve_targets(args.target, root)
+        found = [m for m in mutants(root, targets) if m.kind in args.kinds]
+        done = read_log(args.log)
+    except (LookupError, OSError, SyntaxError, ValueError) as error:
+        parser().error(str(error))
+    if args.list:
+        for mutant in sorted(found, key=lambda m: (m.path, m.line)):
+            print(f"{mutant.id}  {mutant.describe()}")
+        return 0
+    to_run = [m for m in found if m.id not in done]
+    print(f"{len(found)} mutants, {len(found) - len(to_run)} already in the log", file=sys.stderr)
+    tests = shlex.split(args.tests)
+    results = run_mutants(to_run, root, tests, args.jobs, args.log) if to_run else []
+    if results is None:
+        return 1
+    outcomes = {**done, **dict(results)}
+    report([(m, outcomes[m.id]) for m in found])
+    return 0
+
+
+def run_mutants(to_run: list[Mutant], root: Path, tests: list[str], jobs: int, log: Path | None):
+    """(id, result) of each mutant run, or None if the tests fail without a mutant."""
+    with project_copies(root, jobs) as free:
+        copy = free.queue[0]  # any copy: all are clean now
+        check_imports_from(copy, sorted({m.path for m in to_run}))
+        clean = run_tests(copy, tests, timeout=None)
+        if clean.outcome != "survived":  # "survived": the tests pass
+            print(f"the tests fail without any mutant:\n{clean.output}", file=sys.stderr)
+            return None
+        limit = max(TIME_LIMIT_MIN, TIME_LIMIT_FACTOR * clean.seconds)
+        print(f"the tests pass unmutated in {clean.seconds:.0f} s", file=sys.stderr)
+        return run_all(to_run, root, free, tests, limit, log)
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m mutation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--target",
+        nargs="+",
+        metavar="FUNCTION",
+        help="the functions to mutate: a name from the backward code (mutation/targets.py), "
+        "or FILE:FUNCTION for any function (FUNCTION may be Class.method); "
+        "default: all the backward code",
+    )
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=list(KINDS),
+        help="the kinds of mutant to make (see mutation/mutants.py; default: all)",
+    )
+    parser.add_argument(
+        "--tests",
+        default=" ".join(NUMBER_TESTS),
+        help="the pytest arguments each mutant is run with, one string "
+        "(default: the test files that check the engine's numbers)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        help="mutants run at once, each in its own copy of the project (default: one a core)",
+    )
+    parser.add_argument(
+        "--log",
+        type=Path,
+        help="a JSON-lines file, one line a mutant run; mutants already in it are not run "
+        "again, so a run stopped part-way resumes",
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path.cwd(),
+        help="the project to copy and test (default: the current directory)",
+    )
+    parser.add_argument("--list", action="store_true", help="print the mutants and stop")
+    return parser
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def resolve_targets(names: list[str] | None, root: Path) -> list[tuple[str, str]]:
+    """(file, function) pairs: the backward code, or each name given ("FILE:FUNCTION", or a
+    function of the backward code by name)."""
+    if not names:
+        return backward_targets()
+    targets = []
+    for name in names:
+        if ":" in name:
+            path, function = name.split(":", 1)
+            if not (root / path).is_file():
+                raise LookupError(f"--target {name}: no file {root / path}")
+            targets.append((path, function))
+            continue
+        matches = [(path, f) for path, fs in BACKWARD_CODE.items() for f in fs if name == f]
+        if not matches:
+            raise LookupError(f"--target {name}: not in mutation/targets.py; give FILE:{name}")
+        targets += matches
+    return targets
+
+
+class Result:
+    def __init__(self, outcome: str, seconds: float, output: str) -> None:
+        self.outcome, self.seconds, self.output = outcome, seconds, output
+
+    def last_line(self) -> str:
+        lines = self.output.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+@contextlib.contextmanager
+def project_copies(root: Path, n: int) -> Iterator[queue.Queue[Path]]:
+    """A queue of n copies of root, in a temporary directory removed after: a job takes one
+    from the queue, uses it, and puts it back."""
+    with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
+        free: queue.Queue[Path] = queue.Queue()
+        for i in range(n):
+            path = Path(tmp) / f"copy{i}"
+            shutil.copytree(root, path, ignore=shutil.ignore_patterns(*NOT_COPIED), symlinks=True)
+            free.put(path)
+        yield free
+
+
+def check_imports_from(copy: Path, paths: list[str]) -> None:
+    """Stop unless the tests, run in copy, would import each target file from copy itself (an
+    installed package found first would hide every mutant: all would survive)."""
+    modules = [".".join(Path(path).with_suffix("").parts) for path in paths]
+    done = subprocess.run(
+        [sys.executable, "-c", PRINT_ORIGINS, *modules],
+        cwd=copy,
+        env=test_environment(copy),
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"cannot import the targets in a copy of the project:\n{done.stderr}")
+    for path, origin in zip(paths, done.stdout.splitlines(), strict=True):
+        if Path(origin).resolve() != (copy / path).resolve():
+            raise SystemExit(f"the tests would import {path} from {origin}, not from the copy")
+
+
+def test_environment(copy: Path) -> dict[str, str]:
+    """os.environ with copy first on the import path and no bytecode written."""
+    path = os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def run_all(to_run, root, free: queue.Queue, tests, limit, log) -> list[tuple[str, Result]]:
+    """(id, result) of each mutant, in the order they finish; a line each on stderr and in log."""
+    results = []
+    with ThreadPoolExecutor(free.qsize()) as pool:
+        futures = {pool.submit(run_mutant, m, root, free, tests, limit): m for m in to_run}
+        for n, future in enumerate(as_completed(futures), 1):
+            mutant, result = futures[future], future.result()
+            results.append((mutant.id, result))
+            print(f"[{n}/{len(to_run)}] {result.outcome:8} {mutant.describe()}", file=sys.stderr)
+            if log is not None:
+                append_log(log, mutant, result)
+    return results
+
+
+def run_mutant(mutant: Mutant, root: Path, free: queue.Queue, tests, limit: float) -> Result:
+    """Write the mutant into a free copy, run the tests there, put the file back."""
+    copy = free.get()
+    path = copy / mutant.path
+    original = path.read_text()
+    try:
+        path.write_text(mutated_source(root, mutant))
+        return run_tests(copy, tests, limit)
+    finally:
+        path.write_text(original)
+        free.put(copy)
+
+
+def run_tests(copy: Path, tests: list[str], timeout: float | None) -> Result:
+    """pytest in copy, its code first on the path; "killed" when it fails or runs past timeout."""
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, *PYTEST, *tests],
+            cwd=copy,
+            env=test_environment(copy),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return Result("timeout", time.perf_counter() - start, f"ran past {timeout:.0f} s")
+    outcome = "survived" if done.returncode == 0 else "killed"
+    return Result(outcome, time.perf_counter() - start, done.stdout + done.stderr)
+
+
+def read_log(log: Path | None) -> dict[str, Result]:
+    """The results already in log, by mutant id ({} without a log or before its first line)."""
+    if log is None or not log.exists():
+        return {}
+    results = {}
+    for number, line in enumerate(log.read_text().splitlines(), 1):
+        try:
+            entry = json.loads(line)
+            results[entry["id"]] = Result(entry["outcome"], entry["seconds"], entry["last"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{log}:{number} is not a line this tool wrote: {line[:80]}") from None
+    return results
+
+
+def append_log(log: Path, mutant: Mutant, result: Result) -> None:
+    entry = {
+        "id": mutant.id,
+        "outcome": result.outcome,
+        "seconds": round(result.seconds, 1),
+        "mutant": mutant.describe(),
+        "last": result.last_line(),
+    }
+    with open(log, "a") as file:
+        file.write(json.dumps(entry) + "\n")
+
+
+def report(outcomes: list[tuple[Mutant, Result]]) -> None:
+    """The survivors, each with its change, then one line of counts (on stdout)."""
+    survived = (m for m, r in outcomes if r.outcome == "survived")
+    survivors = sorted(survived, key=lambda m: (m.path, m.line))
+    for mutant in survivors:
+        print(f"survived  {mutant.describe()}")
+    counts = {kind: sum(r.outcome == kind for _, r in outcomes) for kind in ("killed", "timeout")}
+    print(
+        f"{len(outcomes)} mutants: {counts['killed']} killed, {counts['timeout']} timed out, "
+        f"{len(survivors)} survived"
+    )

@@ -1,0 +1,96 @@
+"""What `python -m mutation` breaks by default, and which tests must notice: the engine's
+backward code, from each layer's gradient to the models' and the optimizer's."""
+
+from __future__ import annotations
+
+BACKWARD_CODE = {
+    "numpy_engine/layers.py": (
+        "linear_backward",
+        "input_affine_grads",
+        "_folded_backward",
+        "unstacked",
+        "embedding_backward",
+        "embedding_row_grads",
+        "learned_positions_backward",
+        "layernorm_backward",
+        "normalize_backward",
+        "relu_backward",
+        "gelu_backward",
+        "_gelu_backward_block",
+        "ffn_backward",
+    ),
+    "numpy_engine/attention.py": (
+        "softmax_backward",
+        "attention_backward",
+        "_group_backward",
+        "self_attention_backward",
+        "cross_attention_backward",
+    ),
+    "numpy_engine/losses.py": (
+        "cross_entropy_forward",
+        "cross_entropy_backward",
+        "_counted_targets",
+        "_shifted_by_row_max",
+        "_other_classes_mass",
+        "_minus_the_rest",
+        "linear_cross_entropy",
+        "_dlogits_in_place",
+    ),
+    "numpy_engine/blocks.py": (
+        "normed_backward",
+        "self_attention_block_backward",
+        "decoder_block_backward",
+    ),
+    "numpy_engine/reductions.py": (
+        "sum_leading",
+        "sum_last",
+        "_last_times",
+        "dot_last",
+        "mean_last",
+    ),
+    "numpy_engine/optim.py": (
+        "clip_grad_norm",
+        "global_norm",
+        "_norm_of_blocks",
+        "clip_coefficient",
+        "Gradients.block",
+        "Optimizer.step",
+        "SGD._update_block",
+        "Adam._step_constants",
+        "Adam._update_block",
+        "AdamW._update_block",
+    ),
+    "numpy_engine/models/seq2seq.py": ("_backward", "_decode_backward", "_encode_backward"),
+    "numpy_engine/models/minigpt.py": (
+        "_backward",
+        "_trunk_backward",
+        "_loss_and_grads",
+        "_head_and_embedding_grads",
+    ),
+    "numpy_engine/models/gpt2.py": ("_head_and_embedding_grads",),
+}
+
+# The tests that check the engine's numbers (each mutant runs them with -x: the first failure
+# kills it). The command line, training and MPI tests are left out: they check other things,
+# slowly.
+NUMBER_TESTS = (
+    "parity_tests/test_reductions.py",
+    "parity_tests/test_semantics.py",
+    "parity_tests/test_models.py",
+    "parity_tests/test_optim.py",
+    "parity_tests/test_mechanisms.py",
+    "parity_tests/test_kvcache.py",
+    "parity_tests/test_generate.py",
+    "parity_tests/test_model_contract.py",
+    "parity_tests/test_layers.py",
+    "parity_tests/test_gpt2.py",
+    "parity_tests/test_models_fd.py",
+    "parity_tests/test_float32.py",
+    "parity_tests/test_trajectory.py",
+    "parity_tests/test_hf_interchange.py",
+)
+
+
+def backward_targets() -> list[tuple[str, str]]:
+    """(file, function) of each function in BACKWARD_CODE."""
+    return [(path, name) for path, names in BACKWARD_CODE.items() for name in names]

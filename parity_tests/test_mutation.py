@@ -1,0 +1,117 @@
+"""The mutation tool (python -m mutation): its targets exist, it makes the mutants it says,
+and a run reports exactly the mutants a project's tests miss."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mutation.mutants import find_function, mutants, sites
+from mutation.run import main
+from mutation.targets import backward_targets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_target_of_the_backward_code_is_one_function_with_mutants():
+    for path, function in backward_targets():
+        tree = ast.parse((ROOT / path).read_text())  # LookupError if gone, renamed or ambiguous
+        assert list(sites(find_function(tree, function, path))), f"{path}:{function}"
+
+
+SMALL_BACKWARD = '''
+def scale_backward(dout, dextra, cache):
+    """Docstring: not mutated."""
+    x, weight = cache.x, cache.weight
+    dx = np.add(dout, dextra)
+    dx *= weight
+    np.negative(dx, out=dx)
+    if not x.size > 0:
+        raise ValueError(f"empty {x.size + 1}")
+    return -dx
+'''
+
+
+def test_each_kind_of_mutant_of_a_small_backward(tmp_path):
+    (tmp_path / "small.py").write_text(SMALL_BACKWARD)
+    found = mutants(tmp_path, [("small.py", "scale_backward")])
+    made = sorted((m.line, m.kind, m.after) for m in found)
+    assert made == [
+        (4, "attribute", "x, weight = (cache.weight, cache.weight)"),
+        (4, "attribute", "x, weight = (cache.x, cache.x)"),
+        (5, "name", "dx = np.add(dextra, dextra)"),
+        (5, "name", "dx = np.add(dout, dout)"),
+        (5, "swap", "dx = np.add(dextra, dout)"),
+        (6, "deletion", "pass"),
+        (6, "name", "dx *= x"),
+        (6, "operator", "dx /= weight"),
+        (7, "deletion", "pass"),
+        (7, "name", "np.negative(dextra, out=dx)"),
+        (7, "name", "np.negative(dout, out=dx)"),
+        (7, "name", "np.negative(dx, out=dextra)"),
+        (7, "name", "np.negative(dx, out=dout)"),
+        (8, "comparison", "if not x.size >= 0:"),
+        (8, "constant", "if not x.size > 1:"),
+        (8, "name", "if not weight.size > 0:"),
+        (8, "negation", "if not not x.size > 0:"),
+        (10, "name", "return -dextra"),
+        (10, "name", "return -dout"),
+        (10, "negation", "return +dx"),
+    ]
+    # the raise, its f-string and the docstring are left alone; ids are unique
+    assert len({m.id for m in found}) == len(found) == 20
+
+
+def test_a_run_reports_the_mutants_the_tests_miss_and_resumes_from_its_log(tmp_path, capsys):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "engine.py").write_text("def relu_backward(dout, x):\n    return dout * (x > 0)\n")
+    (project / "test_engine.py").write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+            from engine import relu_backward
+
+            def test_relu_backward_away_from_zero():  # x = 0 and 0 < x < 1 never tried
+                x, dout = np.array([-2.0, 3.0]), np.array([5.0, 7.0])
+                assert relu_backward(dout, x).tolist() == [0.0, 7.0]
+            """
+        )
+    )
+    log = tmp_path / "mutants.jsonl"
+    args = ["--root", str(project), "--target", "engine.py:relu_backward"]
+    args += ["--tests", "test_engine.py", "--jobs", "2", "--log", str(log)]
+    expected = [
+        "survived  engine.py:2 relu_backward (comparison): "
+        "return dout * (x > 0)  ->  return dout * (x >= 0)",
+        "survived  engine.py:2 relu_backward (constant): "
+        "return dout * (x > 0)  ->  return dout * (x > 1)",
+        "3 mutants: 1 killed, 0 timed out, 2 survived",
+    ]
+    assert main(args) == 0
+    assert sorted(capsys.readouterr().out.splitlines()) == sorted(expected)
+    assert len(log.read_text().splitlines()) == 3
+    assert (project / "engine.py").read_text().endswith("dout * (x > 0)\n")  # never written
+    assert main(args) == 0  # again: every mutant is in the log, none is run
+    captured = capsys.readouterr()
+    assert sorted(captured.out.splitlines()) == sorted(expected)
+    assert "3 mutants, 3 already in the log" in captured.err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "no_such_backward"], "--target no_such_backward: not in mutation/targets.py"),
+        (["--target", "numpy_engine/layers.py:no_such"], "has no function no_such"),
+        (["--target", "numpy_engine/optim.py:_update_block"], "say which, as Class._update_block"),
+        (["--jobs", "0"], "argument --jobs: must be a positive integer, got 0"),
+    ],
+)
+def test_a_bad_argument_is_refused_by_name(args, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["--root", str(ROOT), "--list", *args])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
