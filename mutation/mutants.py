@@ -17,14 +17,16 @@ arithmetic to break):
 - swap:       two adjacent call arguments that are variables of the same role, exchanged
 
 Raise statements, assertions, f-strings and docstrings are not mutated: they word errors.
-A mutant is named by its file, its function and its index among that function's sites,
-which stays the same as long as the function's code does.
+Nor is the 1 of reshape(-1): NumPy reads reshape(-2) as the same call.
+A mutant is named by its file, its function, its index among that function's sites and a
+digest of its change: a log of results (run.py) never applies to code that has changed.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +69,9 @@ class Mutant:
 
     @property
     def id(self) -> str:
-        return f"{self.path}::{self.function}#{self.index}"
+        """Unique and stable: the change's own digest makes a mutant of edited code new."""
+        change = hashlib.sha1(f"{self.kind}\n{self.before}\n{self.after}".encode()).hexdigest()
+        return f"{self.path}::{self.function}#{self.index}-{change[:8]}"
 
     def describe(self) -> str:
         where = f"{self.path}:{self.line} {self.function} ({self.kind})"
@@ -168,7 +172,7 @@ def apply(tree: ast.AST, function: ast.FunctionDef, index: int) -> Site:
 
 def sites(function: ast.FunctionDef) -> Iterator[Site]:
     """The function's mutable sites, in a fixed order (ast.walk's, then the kinds' order)."""
-    unmutated = _wording(function)
+    unmutated = _wording(function) | _same_program(function)
     called = {id(node.func) for node in ast.walk(function) if isinstance(node, ast.Call)}
     defined = _defined_lines(function)
     fields = _fields_read(function, defined, called)
@@ -263,6 +267,22 @@ def _statement_lists(function: ast.FunctionDef) -> dict[int, tuple[list, int]]:
             if isinstance(body, list):
                 where.update({id(s): (body, i) for i, s in enumerate(body)})
     return where
+
+
+def _same_program(function: ast.FunctionDef) -> set[int]:
+    """ids of constants whose mutant is known to compute the same: the 1 of reshape(-1)
+    (NumPy reads any negative size as "infer": reshape(-2) is the same call)."""
+    same = set()
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "reshape"
+        ):
+            for arg in node.args:
+                if isinstance(arg, ast.UnaryOp) and isinstance(arg.op, ast.USub):
+                    same.add(id(arg.operand))
+    return same
 
 
 def _wording(function: ast.FunctionDef) -> set[int]:

@@ -31,7 +31,7 @@ def scale_backward(dout, dextra, cache):
     np.negative(dx, out=dx)
     if not x.size > 0:
         raise ValueError(f"empty {x.size + 1}")
-    return -dx
+    return -dx.reshape(-1)
 '''
 
 
@@ -57,12 +57,13 @@ def test_each_kind_of_mutant_of_a_small_backward(tmp_path):
         (8, "constant", "if not x.size > 1:"),
         (8, "name", "if not weight.size > 0:"),
         (8, "negation", "if not not x.size > 0:"),
-        (10, "name", "return -dextra"),
-        (10, "name", "return -dout"),
-        (10, "negation", "return +dx"),
+        (10, "name", "return -dextra.reshape(-1)"),
+        (10, "name", "return -dout.reshape(-1)"),
+        (10, "negation", "return +dx.reshape(-1)"),
+        (10, "negation", "return -dx.reshape(+1)"),
     ]
-    # the raise, its f-string and the docstring are left alone; ids are unique
-    assert len({m.id for m in found}) == len(found) == 20
+    # the raise, its f-string, the docstring and reshape's 1 are left alone; ids are unique
+    assert len({m.id for m in found}) == len(found) == 21
 
 
 def test_a_run_reports_the_mutants_the_tests_miss_and_resumes_from_its_log(tmp_path, capsys):
