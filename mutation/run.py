@@ -1,19 +1,20 @@
 """Run the tests against each mutant, on copies of the project, and report the survivors.
 
-    python -m mutation                                   # all the backward code (~2 h, 2 cores)
+    python -m mutation                                   # all the backward code (hours)
     python -m mutation --target relu_backward gelu_backward --kinds operator constant
     python -m mutation --log mutants.jsonl               # kept; run it again to resume
     python -m mutation --list                            # the mutants, none run
 
 A mutant is killed when the tests fail against it (or run past the time limit), and
 survives when they pass. A survivor is a change the tests cannot see: a gap in the tests,
-or a change that computes the same thing (an equivalent mutant: a reshape(-1) made
-reshape(-2), a branch for speed whose two paths agree), which only reading it tells apart.
+or a change that computes the same thing (an equivalent mutant: swapaxes(-1, -2) made
+swapaxes(-1, 2) on 4-D arrays, a branch for speed whose two paths agree), which only
+reading it tells apart.
 
 Each job works in its own copy of the project (made afresh in a temporary directory, without
-.git and caches), writes one mutant's file there, runs pytest on it with -x, and puts the
-file back; the project itself is never written to. Bytecode is not cached in the copies, so
-two mutants of one file never share a stale .pyc.
+.git, caches, runs or files over 50 MB), writes one mutant's file there, runs pytest on it
+with -x, and puts the file back; the project itself is never written to. Bytecode is not
+cached in the copies, so two mutants of one file never share a stale .pyc.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from mutation.targets import BACKWARD_CODE, NUMBER_TESTS, backward_targets
 
 PYTEST = ("-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider")
 NOT_COPIED = (".git", ".hypothesis", "__pycache__", "*.egg-info", ".*_cache", "runs", ".venv")
+LARGEST_FILE_COPIED = 50 << 20  # bytes: not a downloaded model or a checkpoint, once per job
 PRINT_ORIGINS = """import importlib.util, sys
 for name in sys.argv[1:]:
     print(importlib.util.find_spec(name).origin)
@@ -176,7 +178,7 @@ def project_copies(root: Path, n: int) -> Iterator[queue.Queue[Path]]:
         free: queue.Queue[Path] = queue.Queue()
         for i in range(n):
             path = Path(tmp) / f"copy{i}"
-            shutil.copytree(root, path, ignore=shutil.ignore_patterns(*NOT_COPIED), symlinks=True)
+            shutil.copytree(root, path, ignore=not_copied, symlinks=True)
             free.put(path)
         yield free
 
@@ -203,6 +205,16 @@ def test_environment(copy: Path) -> dict[str, str]:
     """os.environ with copy first on the import path and no bytecode written."""
     path = os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def not_copied(directory: str, names: list[str]) -> set[str]:
+    """copytree's ignore: caches, runs, environments, and files past LARGEST_FILE_COPIED."""
+    skipped = set(shutil.ignore_patterns(*NOT_COPIED)(directory, names))
+    for name in set(names) - skipped:
+        path = Path(directory) / name
+        if path.is_file() and path.stat().st_size > LARGEST_FILE_COPIED:
+            skipped.add(name)
+    return skipped
 
 
 def run_all(to_run, root, free: queue.Queue, tests, limit, log) -> list[tuple[str, Result]]:
