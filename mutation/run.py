@@ -63,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     to_run = [m for m in found if m.id not in done]
     print(f"{len(found)} mutants, {len(found) - len(to_run)} already in the log", file=sys.stderr)
     tests = shlex.split(args.tests)
-    results = run_mutants(to_run, root, tests, args.jobs, args.log) if to_run else []
+    try:
+        results = run_mutants(to_run, root, tests, args.jobs, args.log) if to_run else []
+    except KeyboardInterrupt:
+        kept = f"; the mutants run so far are in {args.log}" if args.log else ""
+        print(f"stopped{kept}", file=sys.stderr)
+        return 130
     if results is None:
         return 1
     outcomes = {**done, **dict(results)}
@@ -73,16 +78,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_mutants(to_run: list[Mutant], root: Path, tests: list[str], jobs: int, log: Path | None):
     """(id, result) of each mutant run, or None if the tests fail without a mutant."""
-    with project_copies(root, jobs) as free:
-        copy = free.queue[0]  # any copy: all are clean now
-        check_imports_from(copy, sorted({m.path for m in to_run}))
-        clean = run_tests(copy, tests, timeout=None)
+    with project_copies(root, jobs) as copies:
+        check_imports_from(copies[0], sorted({m.path for m in to_run}))
+        clean = run_tests(copies[0], tests, timeout=None)
         if clean.outcome != "survived":  # "survived": the tests pass
             print(f"the tests fail without any mutant:\n{clean.output}", file=sys.stderr)
             return None
         limit = max(TIME_LIMIT_MIN, TIME_LIMIT_FACTOR * clean.seconds)
         print(f"the tests pass unmutated in {clean.seconds:.0f} s", file=sys.stderr)
-        return run_all(to_run, root, free, tests, limit, log)
+        return run_all(to_run, root, copies, tests, limit, log)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -171,16 +175,13 @@ class Result:
 
 
 @contextlib.contextmanager
-def project_copies(root: Path, n: int) -> Iterator[queue.Queue[Path]]:
-    """A queue of n copies of root, in a temporary directory removed after: a job takes one
-    from the queue, uses it, and puts it back."""
+def project_copies(root: Path, n: int) -> Iterator[list[Path]]:
+    """n copies of root, in a temporary directory removed after."""
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
-        free: queue.Queue[Path] = queue.Queue()
-        for i in range(n):
-            path = Path(tmp) / f"copy{i}"
+        copies = [Path(tmp) / f"copy{i}" for i in range(n)]
+        for path in copies:
             shutil.copytree(root, path, ignore=not_copied, symlinks=True)
-            free.put(path)
-        yield free
+        yield copies
 
 
 def check_imports_from(copy: Path, paths: list[str]) -> None:
@@ -217,10 +218,16 @@ def not_copied(directory: str, names: list[str]) -> set[str]:
     return skipped
 
 
-def run_all(to_run, root, free: queue.Queue, tests, limit, log) -> list[tuple[str, Result]]:
-    """(id, result) of each mutant, in the order they finish; a line each on stderr and in log."""
+def run_all(to_run, root, copies: list[Path], tests, limit, log) -> list[tuple[str, Result]]:
+    """(id, result) of each mutant, in the order they finish; a line each on stderr and in
+    log. A job takes a free copy from a queue and puts it back; on Ctrl-C the mutants not
+    yet started are dropped (the log keeps those done)."""
+    free: queue.Queue[Path] = queue.Queue()
+    for copy in copies:
+        free.put(copy)
+    pool = ThreadPoolExecutor(len(copies))
     results = []
-    with ThreadPoolExecutor(free.qsize()) as pool:
+    try:
         futures = {pool.submit(run_mutant, m, root, free, tests, limit): m for m in to_run}
         for n, future in enumerate(as_completed(futures), 1):
             mutant, result = futures[future], future.result()
@@ -228,6 +235,8 @@ def run_all(to_run, root, free: queue.Queue, tests, limit, log) -> list[tuple[st
             print(f"[{n}/{len(to_run)}] {result.outcome:8} {mutant.describe()}", file=sys.stderr)
             if log is not None:
                 append_log(log, mutant, result)
+    finally:
+        pool.shutdown(cancel_futures=True)
     return results
 
 
