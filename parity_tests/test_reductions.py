@@ -33,6 +33,16 @@ def test_reductions_equal_numpys_sums(shape, seed, transposed):
     assert sum_leading(a.astype(np.float32)).dtype == np.float32  # no silent upcast
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 0), (2, 0), (0,)])
+def test_rows_of_no_entries_sum_to_zero(shape):
+    """sum_last and mean_last over an empty last axis: zeros (..., 1), as a product with an
+    empty vector gives (a reshape to (-1, 0) would be no shape)."""
+    x = np.ones(shape)
+    for reduce in (sum_last, mean_last):
+        result = reduce(x)
+        assert result.shape == (*shape[:-1], 1) and not result.any(), reduce.__name__
+
+
 def textbook_softmax(scores: np.ndarray) -> np.ndarray:
     shifted = scores - scores.max(axis=-1, keepdims=True)
     weights = np.exp(shifted)
