@@ -99,7 +99,7 @@ def mutated_source(root: Path, mutant: Mutant) -> str:
     """The mutant's whole file: parsed afresh, changed at its site, unparsed (comments and
     layout are lost; the code is the same but for the one change)."""
     tree = ast.parse((root / mutant.path).read_text())
-    apply(tree, find_function(tree, mutant.function, mutant.path), mutant.index)
+    apply(find_function(tree, mutant.function, mutant.path), mutant.index)
     return ast.unparse(tree)
 
 
@@ -108,10 +108,10 @@ def describe(source: str, path: str, function: str, index: int) -> Mutant:
     tree = ast.parse(source)
     node = find_function(tree, function, path)
     before = ast.unparse(node).splitlines()
-    site = apply(tree, node, index)
-    after = ast.unparse(node).splitlines()
-    removed = [line[2:] for line in difflib.ndiff(before, after) if line.startswith("- ")]
-    added = [line[2:] for line in difflib.ndiff(before, after) if line.startswith("+ ")]
+    site = apply(node, index)
+    diff = list(difflib.ndiff(before, ast.unparse(node).splitlines()))
+    removed = [line[2:] for line in diff if line.startswith("- ")]
+    added = [line[2:] for line in diff if line.startswith("+ ")]
     return Mutant(
         path,
         function,
@@ -143,7 +143,7 @@ def find_function(tree: ast.AST, name: str, path: str) -> ast.FunctionDef:
     return found[0]
 
 
-def apply(tree: ast.AST, function: ast.FunctionDef, index: int) -> Site:
+def apply(function: ast.FunctionDef, index: int) -> Site:
     """Make the change of the function's site number index, in place; returns the site."""
     site = list(sites(function))[index]
     node = site.node

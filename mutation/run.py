@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 
 from mutation.mutants import KINDS, Mutant, mutants, mutated_source
@@ -165,9 +166,11 @@ def resolve_targets(names: list[str] | None, root: Path) -> list[tuple[str, str]
     return targets
 
 
+@dataclass(frozen=True)
 class Result:
-    def __init__(self, outcome: str, seconds: float, output: str) -> None:
-        self.outcome, self.seconds, self.output = outcome, seconds, output
+    outcome: str  # "killed", "timeout" or "survived" (the tests passed)
+    seconds: float
+    output: str  # pytest's, or the last line of it when read from a log
 
     def last_line(self) -> str:
         lines = self.output.strip().splitlines()
@@ -191,7 +194,7 @@ def check_imports_from(copy: Path, paths: list[str]) -> None:
     done = subprocess.run(
         [sys.executable, "-c", PRINT_ORIGINS, *modules],
         cwd=copy,
-        env=test_environment(copy),
+        env=isolated_environment(copy),
         capture_output=True,
         text=True,
     )
@@ -202,7 +205,7 @@ def check_imports_from(copy: Path, paths: list[str]) -> None:
             raise SystemExit(f"the tests would import {path} from {origin}, not from the copy")
 
 
-def test_environment(copy: Path) -> dict[str, str]:
+def isolated_environment(copy: Path) -> dict[str, str]:
     """os.environ with copy first on the import path and no bytecode written."""
     path = os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -260,7 +263,7 @@ def run_tests(copy: Path, tests: list[str], timeout: float | None) -> Result:
         done = subprocess.run(
             [sys.executable, *PYTEST, *tests],
             cwd=copy,
-            env=test_environment(copy),
+            env=isolated_environment(copy),
             capture_output=True,
             text=True,
             timeout=timeout,
