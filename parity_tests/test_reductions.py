@@ -88,15 +88,20 @@ def test_softmax_backward_takes_a_single_dominant_entry_as_minus_the_others():
     largest weight is at most 1/2, or with two over 1/2 (possible only by rounding), keeps the
     textbook w (dw - sum(w dw)). A non-contiguous dweights gives the same result."""
     over = np.nextafter(np.float32(0.5), np.float32(1))
+    # the dominant weight sits off column 0 of row 1, so a flat index is never its row number
     weights = np.array(
-        [[0.9, 0.06, 0.04, 0.0], [0.3, 0.3, 0.4, 0.0], [over, over, 0.0, 0.0]], np.float32
+        [[over, over, 0.0, 0.0], [0.06, 0.9, 0.04, 0.0], [0.3, 0.3, 0.4, 0.0]], np.float32
     )
     dweights = np.random.default_rng(0).standard_normal(weights.shape).astype(np.float32)
     textbook = weights * (dweights - np.vecdot(dweights, weights)[:, None])
     got = A.softmax_backward(dweights.copy(), weights)
-    assert got[0, 0] == -(got[0, 1] + got[0, 2] + got[0, 3])
-    assert got[0, 0] != textbook[0, 0]  # the fix changed it: it is not the textbook's value
-    np.testing.assert_array_equal(got[0, 1:], textbook[0, 1:])
-    np.testing.assert_array_equal(got[1:], textbook[1:])
+    assert got[1, 1] == -(got[1, 0] + got[1, 2] + got[1, 3])
+    assert got[1, 1] != textbook[1, 1]  # the fix changed it: it is not the textbook's value
+    np.testing.assert_array_equal(got[1, [0, 2, 3]], textbook[1, [0, 2, 3]])
+    np.testing.assert_array_equal(got[[0, 2]], textbook[[0, 2]])
     strided = np.asfortranarray(dweights)
     np.testing.assert_array_equal(A.softmax_backward(strided, weights), got)
+    # the row with two over 1/2 as the only one with any: its row number is 0
+    rows = [0, 2]
+    alone = A.softmax_backward(dweights[rows].copy(), weights[rows])
+    np.testing.assert_array_equal(alone, textbook[rows])
