@@ -14,7 +14,8 @@ arithmetic to break):
               other values)
 - attribute:  a field read from a variable -> a sibling field read from it in the same
               function (cache.ln1 -> cache.ln2)
-- swap:       two adjacent call arguments that are variables of the same role, exchanged
+- swap:       two adjacent call arguments that are different variables of the same role,
+              exchanged
 
 Raise statements, assertions, f-strings and docstrings are not mutated: they word errors.
 Nor is the 1 of reshape(-1): NumPy reads reshape(-2) as the same call.
@@ -211,7 +212,8 @@ def _wiring_sites(node: ast.AST, defined: dict, fields: dict) -> Iterator[Site]:
         args = node.args
         for i in range(len(args) - 1):
             a, b = args[i], args[i + 1]
-            if isinstance(a, ast.Name) and isinstance(b, ast.Name) and role(a.id) == role(b.id):
+            names = isinstance(a, ast.Name) and isinstance(b, ast.Name)
+            if names and a.id != b.id and role(a.id) == role(b.id):  # f(x, x) swapped is f(x, x)
                 yield Site(node, "swap", i)
 
 

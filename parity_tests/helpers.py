@@ -124,6 +124,10 @@ def _engine_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np
     for key, grad in grads.items():  # the contract: a backward returns fresh arrays
         shared = [name for name, x in {"dout": dout, **inputs}.items() if np.shares_memory(grad, x)]
         assert not shared, f"{case.name}: d{key} shares memory with {shared}"
+    # and is pure: it leaves its cache as it was, so running it again gives the same bits
+    again = case.backward(dout.copy(), cache)
+    for key, grad in grads.items():
+        np.testing.assert_array_equal(again[key], grad, err_msg=f"{case.name}: d{key}, again")
     return {"output": out} | {f"d{key}": g for key, g in grads.items()}
 
 

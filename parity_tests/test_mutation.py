@@ -27,7 +27,7 @@ def scale_backward(dout, dextra, cache):
     """Docstring: not mutated."""
     x, weight = cache.x, cache.weight
     dx = np.add(dout, dextra)
-    dx *= weight
+    dx *= np.multiply(weight, weight)
     np.negative(dx, out=dx)
     if not x.size > 0:
         raise ValueError(f"empty {x.size + 1}")
@@ -46,8 +46,9 @@ def test_each_kind_of_mutant_of_a_small_backward(tmp_path):
         (5, "name", "dx = np.add(dout, dout)"),
         (5, "swap", "dx = np.add(dextra, dout)"),
         (6, "deletion", "pass"),
-        (6, "name", "dx *= x"),
-        (6, "operator", "dx /= weight"),
+        (6, "name", "dx *= np.multiply(weight, x)"),
+        (6, "name", "dx *= np.multiply(x, weight)"),
+        (6, "operator", "dx /= np.multiply(weight, weight)"),
         (7, "deletion", "pass"),
         (7, "name", "np.negative(dextra, out=dx)"),
         (7, "name", "np.negative(dout, out=dx)"),
@@ -62,8 +63,9 @@ def test_each_kind_of_mutant_of_a_small_backward(tmp_path):
         (10, "negation", "return +dx.reshape(-1)"),
         (10, "negation", "return -dx.reshape(+1)"),
     ]
-    # the raise, its f-string, the docstring and reshape's 1 are left alone; ids are unique
-    assert len({m.id for m in found}) == len(found) == 21
+    # the raise, its f-string, the docstring, reshape's 1 and a swap of (weight, weight) are
+    # left alone; ids are unique
+    assert len({m.id for m in found}) == len(found) == 22
 
 
 def test_a_run_reports_the_mutants_the_tests_miss_and_resumes_from_its_log(tmp_path, capsys):
