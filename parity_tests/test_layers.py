@@ -269,10 +269,10 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, ma
     monkeypatch.setattr(A, "GROUP_BYTES", 2 * 3 * 4 * 4 * 4)  # 2 batch rows of float32 scores
     assert len(A.batch_groups((5, 3, 4, 4), 4)) == 3
     y, cache = A.attention_forward(q, k, v, visible)
-    assert np.array_equal(y, one_y)
+    assert np.array_equal(y, one_y) and y.dtype == np.float32
     assert np.array_equal(cache.weights, one_cache.weights)
     for grouped, whole in zip(A.attention_backward(dy, cache), one_grads, strict=True):
-        assert np.array_equal(grouped, whole)
+        assert np.array_equal(grouped, whole) and grouped.dtype == np.float32  # no upcast
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
