@@ -96,10 +96,11 @@ def mutants(root: Path, targets: list[tuple[str, str]]) -> list[Mutant]:
     return found
 
 
-def mutated_source(root: Path, mutant: Mutant) -> str:
-    """The mutant's whole file: parsed afresh, changed at its site, unparsed (comments and
-    layout are lost; the code is the same but for the one change)."""
-    tree = ast.parse((root / mutant.path).read_text())
+def mutated_source(source: str, mutant: Mutant) -> str:
+    """The mutant's whole file, from source (the file's text): parsed afresh, changed at its
+    site, unparsed (comments and layout are lost; the code is the same but for the one
+    change)."""
+    tree = ast.parse(source)
     apply(find_function(tree, mutant.function, mutant.path), mutant.index)
     return ast.unparse(tree)
 

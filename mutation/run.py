@@ -87,7 +87,7 @@ def run_mutants(to_run: list[Mutant], root: Path, tests: list[str], jobs: int, l
             return None
         limit = max(TIME_LIMIT_MIN, TIME_LIMIT_FACTOR * clean.seconds)
         print(f"the tests pass unmutated in {clean.seconds:.0f} s", file=sys.stderr)
-        return run_all(to_run, root, copies, tests, limit, log)
+        return run_all(to_run, copies, tests, limit, log)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -221,7 +221,7 @@ def not_copied(directory: str, names: list[str]) -> set[str]:
     return skipped
 
 
-def run_all(to_run, root, copies: list[Path], tests, limit, log) -> list[tuple[str, Result]]:
+def run_all(to_run, copies: list[Path], tests, limit, log) -> list[tuple[str, Result]]:
     """(id, result) of each mutant, in the order they finish; a line each on stderr and in
     log. A job takes a free copy from a queue and puts it back; on Ctrl-C the mutants not
     yet started are dropped (the log keeps those done)."""
@@ -231,7 +231,7 @@ def run_all(to_run, root, copies: list[Path], tests, limit, log) -> list[tuple[s
     pool = ThreadPoolExecutor(len(copies))
     results = []
     try:
-        futures = {pool.submit(run_mutant, m, root, free, tests, limit): m for m in to_run}
+        futures = {pool.submit(run_mutant, m, free, tests, limit): m for m in to_run}
         for n, future in enumerate(as_completed(futures), 1):
             mutant, result = futures[future], future.result()
             results.append((mutant.id, result))
@@ -243,13 +243,15 @@ def run_all(to_run, root, copies: list[Path], tests, limit, log) -> list[tuple[s
     return results
 
 
-def run_mutant(mutant: Mutant, root: Path, free: queue.Queue, tests, limit: float) -> Result:
-    """Write the mutant into a free copy, run the tests there, put the file back."""
+def run_mutant(mutant: Mutant, free: queue.Queue, tests, limit: float) -> Result:
+    """Write the mutant into a free copy, run the tests there, put the file back. The mutant
+    is made from the copy's file, not the project's: the project may be edited while a run
+    goes on, and the copies keep the code the run started from."""
     copy = free.get()
     path = copy / mutant.path
     original = path.read_text()
     try:
-        path.write_text(mutated_source(root, mutant))
+        path.write_text(mutated_source(original, mutant))
         return run_tests(copy, tests, limit)
     finally:
         path.write_text(original)
