@@ -1,6 +1,7 @@
 """Run the tests against each mutant, on copies of the project, and report the survivors.
 
     python -m mutation                                   # all the backward code (hours)
+    python -m mutation --code forward --kinds operator constant comparison negation deletion
     python -m mutation --target relu_backward gelu_backward --kinds operator constant
     python -m mutation --log mutants.jsonl               # kept; run it again to resume
     python -m mutation --list                            # the mutants, none run
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mutation.mutants import KINDS, Mutant, mutants, mutated_source
-from mutation.targets import BACKWARD_CODE, NUMBER_TESTS, backward_targets
+from mutation.targets import CODE, NUMBER_TESTS, code_targets
 
 PYTEST = ("-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider")
 NOT_COPIED = (".git", ".hypothesis", "__pycache__", "*.egg-info", ".*_cache", "runs", ".venv")
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     root = args.root.resolve()
     try:
-        targets = resolve_targets(args.target, root)
+        targets = resolve_targets(args.target, root) if args.target else code_targets(args.code)
         found = [m for m in mutants(root, targets) if m.kind in args.kinds]
         done = read_log(args.log)
     except (LookupError, OSError, SyntaxError, ValueError) as error:
@@ -100,9 +101,15 @@ def parser() -> argparse.ArgumentParser:
         "--target",
         nargs="+",
         metavar="FUNCTION",
-        help="the functions to mutate: a name from the backward code (mutation/targets.py), "
-        "or FILE:FUNCTION for any function (FUNCTION may be Class.method); "
-        "default: all the backward code",
+        help="the functions to mutate: a name from mutation/targets.py, or FILE:FUNCTION for "
+        "any function (FUNCTION may be Class.method); default: all of --code",
+    )
+    parser.add_argument(
+        "--code",
+        choices=CODE,
+        default="backward",
+        help="without --target, the code to mutate: the backward functions of "
+        "mutation/targets.py, or its forward functions (default: backward)",
     )
     parser.add_argument(
         "--kinds",
@@ -146,11 +153,9 @@ def positive_int(text: str) -> int:
     return value
 
 
-def resolve_targets(names: list[str] | None, root: Path) -> list[tuple[str, str]]:
-    """(file, function) pairs: the backward code, or each name given ("FILE:FUNCTION", or a
-    function of the backward code by name)."""
-    if not names:
-        return backward_targets()
+def resolve_targets(names: list[str], root: Path) -> list[tuple[str, str]]:
+    """(file, function) pairs, one for each name given: "FILE:FUNCTION", or a function of
+    mutation/targets.py by name."""
     targets = []
     for name in names:
         if ":" in name:
@@ -159,7 +164,7 @@ def resolve_targets(names: list[str] | None, root: Path) -> list[tuple[str, str]
                 raise LookupError(f"--target {name}: no file {root / path}")
             targets.append((path, function))
             continue
-        matches = [(path, f) for path, fs in BACKWARD_CODE.items() for f in fs if name == f]
+        matches = [t for code in CODE for t in code_targets(code) if t[1] == name]
         if not matches:
             raise LookupError(f"--target {name}: not in mutation/targets.py; give FILE:{name}")
         targets += matches

@@ -1,5 +1,6 @@
-"""What `python -m mutation` breaks by default, and which tests must notice: the engine's
-backward code, from each layer's gradient to the models' and the optimizer's."""
+"""What `python -m mutation` breaks, and which tests must notice: by default the engine's
+backward code, from each layer's gradient to the models' and the optimizer's; with --code
+forward, the forward code those gradients are taken of, from each layer to decoding."""
 
 from __future__ import annotations
 
@@ -69,6 +70,66 @@ BACKWARD_CODE = {
     ),
     "numpy_engine/models/gpt2.py": ("_head_and_embedding_grads",),
 }
+FORWARD_CODE = {
+    "numpy_engine/layers.py": (
+        "linear_forward",
+        "_folded_forward",
+        "stacked",
+        "embedding_forward",
+        "sinusoidal_table",
+        "sinusoidal_forward",
+        "learned_positions_forward",
+        "layernorm_forward",
+        "normalize_forward",
+        "relu_forward",
+        "gelu_forward",
+        "_gelu_forward_block",
+        "ffn_forward",
+    ),
+    "numpy_engine/attention.py": (
+        "padding_visible",
+        "causal_visible",
+        "check_every_row_sees_a_key",
+        "softmax_last",
+        "batch_groups",
+        "attention_forward",
+        "scaled_transpose",
+        "_weights",
+        "hidden_limit",
+        "split_heads",
+        "heads_buffer",
+        "_qkv",
+        "self_attention_forward",
+        "memory_keys_values",
+        "cross_attention_forward",
+    ),
+    "numpy_engine/blocks.py": (
+        "normed",
+        "_residual",
+        "self_attention_block_forward",
+        "decoder_block_forward",
+    ),
+    "numpy_engine/blocking.py": ("slices", "in_row_blocks"),
+    "numpy_engine/models/base.py": ("readout_last",),
+    "numpy_engine/models/seq2seq.py": (
+        "Seq2SeqTransformer.encode",
+        "Seq2SeqTransformer.decode",
+        "CachedSeq2SeqDecoder._run",
+    ),
+    "numpy_engine/models/minigpt.py": (
+        "MiniGPT.forward",
+        "MiniGPT._trunk_forward",
+        "CachedGPTDecoder._run",
+    ),
+    "numpy_engine/generate.py": (
+        "greedy_decode",
+        "next_token_probabilities",
+        "sample_next",
+        "generate",
+    ),
+}
+
+CODE = {"backward": BACKWARD_CODE, "forward": FORWARD_CODE}
 
 # The tests that check the engine's numbers (each mutant runs them with -x: the first failure
 # kills it). The command line, training and MPI tests are left out: they check other things,
@@ -91,6 +152,6 @@ NUMBER_TESTS = (
 )
 
 
-def backward_targets() -> list[tuple[str, str]]:
-    """(file, function) of each function in BACKWARD_CODE."""
-    return [(path, name) for path, names in BACKWARD_CODE.items() for name in names]
+def code_targets(code: str) -> list[tuple[str, str]]:
+    """(file, function) of each function of CODE[code] ("backward" or "forward")."""
+    return [(path, name) for path, names in CODE[code].items() for name in names]

@@ -11,13 +11,14 @@ import pytest
 
 from mutation.mutants import find_function, mutants, sites
 from mutation.run import main
-from mutation.targets import backward_targets
+from mutation.targets import CODE, code_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_target_of_the_backward_code_is_one_function_with_mutants():
-    for path, function in backward_targets():
+@pytest.mark.parametrize("code", CODE)
+def test_every_target_is_one_function_with_mutants(code):
+    for path, function in code_targets(code):
         tree = ast.parse((ROOT / path).read_text())  # LookupError if gone, renamed or ambiguous
         assert list(sites(find_function(tree, function, path))), f"{path}:{function}"
 
@@ -104,6 +105,25 @@ def test_a_run_reports_the_mutants_the_tests_miss_and_resumes_from_its_log(tmp_p
     assert "3 mutants, 3 already in the log" in captured.err
 
 
+def listed_functions(args: list[str], capsys) -> set[str]:
+    """The "path::function" of each mutant `python -m mutation --list *args` prints."""
+    assert main(["--root", str(ROOT), "--list", "--kinds", "comparison", *args]) == 0
+    return {line.split("#")[0] for line in capsys.readouterr().out.splitlines()}
+
+
+def test_code_chooses_the_functions_mutated_and_a_target_is_found_in_either(capsys):
+    forward = listed_functions(["--code", "forward"], capsys)
+    assert "numpy_engine/attention.py::softmax_last" in forward
+    assert forward <= {f"{path}::{name}" for path, name in code_targets("forward")}
+    backward = listed_functions([], capsys)  # --code backward, the default
+    assert "numpy_engine/attention.py::softmax_backward" in backward
+    assert backward <= {f"{path}::{name}" for path, name in code_targets("backward")}
+    found = listed_functions(["--target", "softmax_last", "softmax_backward"], capsys)
+    assert found == {
+        f"numpy_engine/attention.py::{name}" for name in ("softmax_last", "softmax_backward")
+    }
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -111,6 +131,7 @@ def test_a_run_reports_the_mutants_the_tests_miss_and_resumes_from_its_log(tmp_p
         (["--target", "numpy_engine/layers.py:no_such"], "has no function no_such"),
         (["--target", "numpy_engine/optim.py:_update_block"], "say which, as Class._update_block"),
         (["--jobs", "0"], "argument --jobs: must be a positive integer, got 0"),
+        (["--code", "sideways"], "argument --code: invalid choice: 'sideways'"),
     ],
 )
 def test_a_bad_argument_is_refused_by_name(args, message, capsys):
