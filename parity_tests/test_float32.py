@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from numpy_engine.layers import normalize_forward
 from parity_tests.float32_panel import KINDS, draw, model_case
 from parity_tests.test_models import model_float32_checks
 
@@ -68,3 +69,22 @@ def test_draws_that_lost_digits_stay_within_the_bound(kind, seed):
     worst = max(engine, key=lambda key: engine[key].error / engine[key].bound)
     check = engine[worst]
     assert check.ok, f"{kind}, seed {seed}: {worst} error {check.error:.3e} > {check.bound:.3e}"
+
+
+@pytest.mark.parametrize("mean", [1e3, 1e4, 1e5])
+def test_layernorm_float32_error_does_not_grow_with_the_rows_mean(mean):
+    """normalize_forward's corrected two-pass: with |mean| >> std every x is within a factor
+    2 of the first mean m, so x - m is exact (Sterbenz), and the second pass removes m's
+    rounding, u |mean|. What is left is a C-term sum and four roundings: each xhat entry
+    within (C + 4) u max|xhat| of a float64 run on the same float32 inputs, whatever the
+    mean. With the second pass deleted, the error measured 1.0e3-1.6e3 u at mean 1e3 and
+    1.5e4-2.8e4 u at 1e4, against at most 8.4 u with it (200 u is about the bound)."""
+    rng = np.random.default_rng(0)
+    C = 64
+    x = (rng.standard_normal((8, 5, C)) + mean).astype(np.float32)
+    xhat, _ = normalize_forward(x)
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(axis=-1, keepdims=True)
+    exact = centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + 1e-5)
+    u = np.finfo(np.float32).eps / 2
+    assert np.abs(xhat - exact).max() <= (C + 4) * u * np.abs(exact).max()
