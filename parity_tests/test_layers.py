@@ -249,18 +249,24 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
     assert np.array_equal(L.gelu_backward(dout, cache), whole_dx)
 
 
-@pytest.mark.parametrize("mask", ["causal", "padding", "none"])
-def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, mask):
+@pytest.mark.parametrize("offset", [0.0, 100.0])
+@pytest.mark.parametrize("mask", ["causal", "padding", "per head", "none"])
+def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, mask, offset):
     """Attention runs a group of batch rows at a time past attention.WHOLE_BYTES: forced here
-    onto groups of 2 rows of 5 (a short last group), the same bits as one group, weights too."""
+    onto groups of 2 rows of 5 (a short last group), the same bits as one group, weights too.
+    At offset 100 every score is near 100, so each group's softmax takes the textbook path
+    (softmax_last), which must write its weights into the group's rows too."""
     from numpy_engine import attention as A
 
     rng = rng_of(0)
     q, k, v, dy = (rng.standard_normal((5, 3, 4, 6)).astype(np.float32) for _ in range(4))
+    if offset:
+        q[..., 0], k[..., 0] = offset * np.sqrt(6), 1.0  # scores = offset + N(0, 5/6)
     ids = np.array([[1, 1, 1, 0]] * 4 + [[1, 0, 0, 0]])  # row 4 sees only its first key
     visible = {
         "causal": A.causal_visible(4),
         "padding": A.padding_visible(ids, pad_id=0),
+        "per head": (rng.random((1, 3, 4, 4)) < 0.5) | np.eye(4, dtype=bool),  # every batch row
         "none": None,
     }[mask]
     one_y, one_cache = A.attention_forward(q, k, v, visible)
