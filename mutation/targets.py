@@ -70,6 +70,7 @@ BACKWARD_CODE = {
     ),
     "numpy_engine/models/gpt2.py": ("_head_and_embedding_grads",),
 }
+
 FORWARD_CODE = {
     "numpy_engine/layers.py": (
         "linear_forward",
@@ -131,11 +132,12 @@ FORWARD_CODE = {
 
 CODE = {"backward": BACKWARD_CODE, "forward": FORWARD_CODE}
 
-# The tests that check the engine's numbers (each mutant runs them with -x: the first failure
-# kills it). The command line, training and MPI tests are left out: they check other things,
-# slowly.
+# The tests that check the engine's numbers, and its refusals (each mutant runs them with -x: the
+# first failure kills it). The command line, training and MPI tests are left out: they check
+# other things, slowly.
 NUMBER_TESTS = (
     "parity_tests/test_reductions.py",
+    "parity_tests/test_bad_input.py",  # the guards in this code: each refusal and its message
     "parity_tests/test_semantics.py",
     "parity_tests/test_models.py",
     "parity_tests/test_optim.py",
