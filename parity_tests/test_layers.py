@@ -281,6 +281,21 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, ma
         assert np.array_equal(grouped, whole) and grouped.dtype == np.float32  # no upcast
 
 
+def test_a_mask_of_fewer_axes_broadcasts_as_numpy_does():
+    """visible given as (Tq, Tk) or (H, Tq, Tk) is read as (1, 1, Tq, Tk) or (1, H, Tq, Tk):
+    the same bits, weights too."""
+    from numpy_engine import attention as A
+
+    rng = rng_of(0)
+    q, k, v = (rng.standard_normal((2, 3, 4, 5)) for _ in range(3))
+    per_head = (rng.random((3, 4, 4)) < 0.5) | np.eye(4, dtype=bool)  # each query sees a key
+    for visible, four_axes in ((per_head[0], per_head[None, None, 0]), (per_head, per_head[None])):
+        y, cache = A.attention_forward(q, k, v, visible)
+        expected_y, expected_cache = A.attention_forward(q, k, v, four_axes)
+        np.testing.assert_array_equal(y, expected_y)
+        np.testing.assert_array_equal(cache.weights, expected_cache.weights)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_shared_mask_hides_as_the_same_mask_given_per_batch_row(dtype):
     """A causal mask shared by every row (np.fmin against attention.hidden_limit) against the
