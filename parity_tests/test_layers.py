@@ -249,20 +249,24 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
     assert np.array_equal(L.gelu_backward(dout, cache), whole_dx)
 
 
+@pytest.mark.parametrize("B, rows", [(5, 2), (2, 1)])
 @pytest.mark.parametrize("offset", [0.0, 100.0])
 @pytest.mark.parametrize("mask", ["causal", "padding", "per head", "none"])
-def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, mask, offset):
+def test_attention_in_batch_groups_is_bit_identical_to_one_group(
+    monkeypatch, mask, offset, B, rows
+):
     """Attention runs a group of batch rows at a time past attention.WHOLE_BYTES: forced here
-    onto groups of 2 rows of 5 (a short last group), the same bits as one group, weights too.
-    At offset 100 every score is near 100, so each group's softmax takes the textbook path
-    (softmax_last), which must write its weights into the group's rows too."""
+    onto groups of `rows` batch rows of B (5 in groups of 2 has a short last group), the
+    same bits as one group, weights too. At offset 100 every score is near 100, so each
+    group's softmax takes the textbook path (softmax_last), which must write its weights
+    into the group's rows too."""
     from numpy_engine import attention as A
 
     rng = rng_of(0)
-    q, k, v, dy = (rng.standard_normal((5, 3, 4, 6)).astype(np.float32) for _ in range(4))
+    q, k, v, dy = (rng.standard_normal((B, 3, 4, 6)).astype(np.float32) for _ in range(4))
     if offset:
         q[..., 0], k[..., 0] = offset * np.sqrt(6), 1.0  # scores = offset + N(0, 5/6)
-    ids = np.array([[1, 1, 1, 0]] * 4 + [[1, 0, 0, 0]])  # row 4 sees only its first key
+    ids = np.array([[1, 1, 1, 0]] * (B - 1) + [[1, 0, 0, 0]])  # the last row sees one key
     visible = {
         "causal": A.causal_visible(4),
         "padding": A.padding_visible(ids, pad_id=0),
@@ -272,8 +276,8 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(monkeypatch, ma
     one_y, one_cache = A.attention_forward(q, k, v, visible)
     one_grads = A.attention_backward(dy, one_cache)
     monkeypatch.setattr(A, "WHOLE_BYTES", 0)
-    monkeypatch.setattr(A, "GROUP_BYTES", 2 * 3 * 4 * 4 * 4)  # 2 batch rows of float32 scores
-    assert len(A.batch_groups((5, 3, 4, 4), 4)) == 3
+    monkeypatch.setattr(A, "GROUP_BYTES", rows * 3 * 4 * 4 * 4)  # rows of float32 scores
+    assert len(A.batch_groups((B, 3, 4, 4), 4)) == -(-B // rows)
     y, cache = A.attention_forward(q, k, v, visible)
     assert np.array_equal(y, one_y) and y.dtype == np.float32
     assert np.array_equal(cache.weights, one_cache.weights)
