@@ -60,6 +60,9 @@ def test_top_k_and_top_p_filter_the_distribution():
     np.testing.assert_allclose(next_token_probabilities(logits, 1.0, top_p=0.5), [[1.0, 0, 0, 0]])
     hot = next_token_probabilities(logits, 100.0)
     assert np.ptp(hot) < 0.01  # a high temperature flattens the distribution
+    cold = next_token_probabilities(logits + 1000.0, 0.5)  # exp(2000) would overflow
+    squared = np.array([[0.5, 0.3, 0.15, 0.05]]) ** 2  # temperature 1/2: p^2, renormalized
+    np.testing.assert_allclose(cold, squared / squared.sum())
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy():
