@@ -214,6 +214,15 @@ def test_greedy_generation_is_token_identical_to_transformers():
     ).numpy()
     np.testing.assert_array_equal(ours, theirs)
     assert ours.shape[1] > prompt.shape[1]
+    # the same weights with the third new token as end-of-text: both stop there
+    eos = int(ours[0, prompt.shape[1] + 2])
+    case = Case(SMALL | {"eos_token_id": eos, "bos_token_id": eos}, 6)
+    ours = generate(case.engine, prompt, max_new_tokens=8)
+    theirs = case.hf.generate(
+        torch.tensor(prompt), max_new_tokens=8, do_sample=False, pad_token_id=eos
+    ).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours.shape[1] <= prompt.shape[1] + 3 and ours[0, -1] == eos
 
 
 def test_ten_adamw_steps_follow_torch_adamw():
