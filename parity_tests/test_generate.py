@@ -95,3 +95,14 @@ def test_bad_sampling_settings(kwargs, message):
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
     with pytest.raises(ValueError, match=message):
         generate(model, np.array([1]), 3, **kwargs)
+
+
+def test_each_decoding_refuses_the_other_kind_of_model_and_a_negative_count():
+    gpt = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
+    copier = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be at least 0, got -1"):
+        generate(gpt, np.array([1]), -1)
+    with pytest.raises(ValueError, match="generate continues a prompt; a seq2seq model reads"):
+        generate(copier, np.array([4, 5]), 3)
+    with pytest.raises(ValueError, match="greedy_decode reads a source; a gpt model continues"):
+        greedy_decode(gpt, np.array([[4, 5]]), 3)
