@@ -100,6 +100,7 @@ def test_bad_sampling_settings(kwargs, message):
 def test_each_decoding_refuses_the_other_kind_of_model_and_a_negative_count():
     gpt = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
     copier = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=0)
+    assert generate(gpt, np.array([1, 4]), 0).tolist() == [[1, 4]]  # none: the prompt
     with pytest.raises(ValueError, match="max_new_tokens must be at least 0, got -1"):
         generate(gpt, np.array([1]), -1)
     with pytest.raises(ValueError, match="generate continues a prompt; a seq2seq model reads"):
