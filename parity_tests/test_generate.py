@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import numpy_engine as ne
-from numpy_engine.generate import generate, greedy_decode, next_token_probabilities
+from numpy_engine.generate import generate, greedy_decode, next_token_probabilities, sample_next
 from numpy_engine.tasks import EOS, PAD
 
 
@@ -107,3 +107,14 @@ def test_each_decoding_refuses_the_other_kind_of_model_and_a_negative_count():
         generate(copier, np.array([4, 5]), 3)
     with pytest.raises(ValueError, match="greedy_decode reads a source; a gpt model continues"):
         greedy_decode(gpt, np.array([[4, 5]]), 3)
+
+
+def test_the_defaults_are_greedy_seed_0_and_four_tokens():
+    gpt = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
+    logits = np.random.default_rng(0).standard_normal((3, 13))
+    assert sample_next(logits, np.random.default_rng(1)).tolist() == logits.argmax(-1).tolist()
+    sampled = generate(gpt, np.array([1, 4]), 6, temperature=1.0)
+    assert np.array_equal(sampled, generate(gpt, np.array([1, 4]), 6, temperature=1.0, seed=0))
+    assert not np.array_equal(sampled, generate(gpt, np.array([1, 4]), 6, temperature=1.0, seed=1))
+    copier = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=0)
+    assert greedy_decode(copier, np.array([[4, 5, 6]])).shape == (1, 4)
