@@ -23,6 +23,7 @@ from parity_tests.helpers import (
     assert_matches_torch,
     check_layer,
     folding_every_layernorm,
+    random_visible,
 )
 from parity_tests.strategies import activations, model_widths, seeds
 
@@ -270,7 +271,7 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(
     visible = {
         "causal": A.causal_visible(4),
         "padding": A.padding_visible(ids, pad_id=0),
-        "per head": (rng.random((1, 3, 4, 4)) < 0.5) | np.eye(4, dtype=bool),  # every batch row
+        "per head": random_visible(rng, (1, 3, 4, 4), "random"),  # shared by the batch rows
         "none": None,
     }[mask]
     one_y, one_cache = A.attention_forward(q, k, v, visible)
@@ -292,7 +293,7 @@ def test_a_mask_of_fewer_axes_broadcasts_as_numpy_does():
 
     rng = rng_of(0)
     q, k, v = (rng.standard_normal((2, 3, 4, 5)) for _ in range(3))
-    per_head = (rng.random((3, 4, 4)) < 0.5) | np.eye(4, dtype=bool)  # each query sees a key
+    per_head = random_visible(rng, (1, 3, 4, 4), "random")[0]  # (H, Tq, Tk)
     for visible, four_axes in ((per_head[0], per_head[None, None, 0]), (per_head, per_head[None])):
         y, cache = A.attention_forward(q, k, v, visible)
         expected_y, expected_cache = A.attention_forward(q, k, v, four_axes)
