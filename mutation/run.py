@@ -5,6 +5,7 @@
     python -m mutation --target relu_backward gelu_backward --kinds operator constant
     python -m mutation --log mutants.jsonl               # kept; run it again to resume
     python -m mutation --list                            # the mutants, none run
+    python -m mutation --ids survivors.txt               # these mutants again (their ids)
 
 A mutant is killed when the tests fail against it (or run past the time limit), and
 survives when they pass. A survivor is a change the tests cannot see: a gap in the tests,
@@ -15,7 +16,9 @@ reading it tells apart.
 Each job works in its own copy of the project (made afresh in a temporary directory, without
 .git, caches, runs or files over 50 MB), writes one mutant's file there, runs pytest on it
 with -x, and puts the file back; the project itself is never written to. Bytecode is not
-cached in the copies, so two mutants of one file never share a stale .pyc.
+cached in the copies, so two mutants of one file never share a stale .pyc. Ctrl-C or
+SIGTERM stops a run: the tests running then are ended (with whatever they started), the
+copies removed, and the log keeps the mutants that finished.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import queue
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mutation.mutants import KINDS, Mutant, mutants, mutated_source
+from mutation.processes import Running, stopped_by_sigterm
 from mutation.targets import CODE, NUMBER_TESTS, code_targets
 
 PYTEST = ("-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider")
@@ -53,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     root = args.root.resolve()
     try:
-        targets = resolve_targets(args.target, root) if args.target else code_targets(args.code)
+        ids = read_ids(args.ids) if args.ids else None
+        targets = chosen_targets(args, ids, root)
         found = [m for m in mutants(root, targets) if m.kind in args.kinds]
+        if ids is not None:
+            found = chosen_mutants(found, ids, args.ids)
         done = read_log(args.log)
     except (LookupError, OSError, SyntaxError, ValueError) as error:
         parser().error(str(error))
@@ -66,11 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(found)} mutants, {len(found) - len(to_run)} already in the log", file=sys.stderr)
     tests = shlex.split(args.tests)
     try:
-        results = run_mutants(to_run, root, tests, args.jobs, args.log) if to_run else []
-    except KeyboardInterrupt:
+        with stopped_by_sigterm():
+            results = run_mutants(to_run, root, tests, args.jobs, args.log) if to_run else []
+    except KeyboardInterrupt as stop:
         kept = f"; the mutants run so far are in {args.log}" if args.log else ""
         print(f"stopped{kept}", file=sys.stderr)
-        return 130
+        return 128 + getattr(stop, "signal", signal.SIGINT)
     if results is None:
         return 1
     outcomes = {**done, **dict(results)}
@@ -82,7 +91,7 @@ def run_mutants(to_run: list[Mutant], root: Path, tests: list[str], jobs: int, l
     """(id, result) of each mutant run, or None if the tests fail without a mutant."""
     with project_copies(root, jobs) as copies:
         check_imports_from(copies[0], sorted({m.path for m in to_run}))
-        clean = run_tests(copies[0], tests, timeout=None)
+        clean = run_tests(copies[0], tests, None, Running())
         if clean.outcome != "survived":  # "survived": the tests pass
             print(f"the tests fail without any mutant:\n{clean.output}", file=sys.stderr)
             return None
@@ -97,12 +106,21 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument(
         "--target",
         nargs="+",
         metavar="FUNCTION",
         help="the functions to mutate: a name from mutation/targets.py, or FILE:FUNCTION for "
         "any function (FUNCTION may be Class.method); default: all of --code",
+    )
+    chosen.add_argument(
+        "--ids",
+        type=Path,
+        metavar="FILE",
+        help="run only these mutants, one id a line: a line's first word, or its second after "
+        "'survived', so --list's output and the report's survivors can be given as they are "
+        "(blank lines and # comments skipped); the functions to mutate come from the ids",
     )
     parser.add_argument(
         "--code",
@@ -151,6 +169,43 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def chosen_targets(args: argparse.Namespace, ids: list[str] | None, root: Path) -> list:
+    """(file, function) pairs to mutate: those the ids name, --target's, or --code's."""
+    if ids is not None:
+        return sorted({tuple(mutant_id.split("#")[0].split("::", 1)) for mutant_id in ids})
+    return resolve_targets(args.target, root) if args.target else code_targets(args.code)
+
+
+def read_ids(path: Path) -> list[str]:
+    """The mutant ids in the file --ids names (see its --help)."""
+    ids = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        words = line.split()
+        if words and words[0] == "survived":
+            words = words[1:]
+        if not words or words[0].startswith("#"):  # blank, or a comment
+            continue
+        if "::" not in words[0] or "#" not in words[0]:
+            raise ValueError(f"--ids {path}:{number}: {words[0]!r} is not a mutant id")
+        ids.append(words[0])
+    if not ids:
+        raise ValueError(f"--ids {path}: no mutant ids in it")
+    return ids
+
+
+def chosen_mutants(found: list[Mutant], ids: list[str], path: Path) -> list[Mutant]:
+    """The mutants of found with the given ids; an id not among them is refused by name (its
+    code has changed since the id was made, or --kinds leaves it out)."""
+    by_id = {m.id: m for m in found}
+    missing = [mutant_id for mutant_id in ids if mutant_id not in by_id]
+    if missing:
+        raise LookupError(
+            f"--ids {path}: {missing[0]} is not a mutant of the code as it is now, or not of "
+            f"--kinds ({len(missing)} of its ids are not)"
+        )
+    return [by_id[mutant_id] for mutant_id in dict.fromkeys(ids)]
 
 
 def resolve_targets(names: list[str], root: Path) -> list[tuple[str, str]]:
@@ -234,9 +289,10 @@ def run_all(to_run, copies: list[Path], tests, limit, log) -> list[tuple[str, Re
     for copy in copies:
         free.put(copy)
     pool = ThreadPoolExecutor(len(copies))
+    running = Running()
     results = []
     try:
-        futures = {pool.submit(run_mutant, m, free, tests, limit): m for m in to_run}
+        futures = {pool.submit(run_mutant, m, free, tests, limit, running): m for m in to_run}
         for n, future in enumerate(as_completed(futures), 1):
             mutant, result = futures[future], future.result()
             results.append((mutant.id, result))
@@ -244,11 +300,12 @@ def run_all(to_run, copies: list[Path], tests, limit, log) -> list[tuple[str, Re
             if log is not None:
                 append_log(log, mutant, result)
     finally:
+        running.stop()  # on a stop, the tests running now: else the pool would wait for them
         pool.shutdown(cancel_futures=True)
     return results
 
 
-def run_mutant(mutant: Mutant, free: queue.Queue, tests, limit: float) -> Result:
+def run_mutant(mutant: Mutant, free: queue.Queue, tests, limit: float, running) -> Result:
     """Write the mutant into a free copy, run the tests there, put the file back. The mutant
     is made from the copy's file, not the project's: the project may be edited while a run
     goes on, and the copies keep the code the run started from."""
@@ -257,28 +314,34 @@ def run_mutant(mutant: Mutant, free: queue.Queue, tests, limit: float) -> Result
     original = path.read_text()
     try:
         path.write_text(mutated_source(original, mutant))
-        return run_tests(copy, tests, limit)
+        return run_tests(copy, tests, limit, running)
     finally:
         path.write_text(original)
         free.put(copy)
 
 
-def run_tests(copy: Path, tests: list[str], timeout: float | None) -> Result:
+def run_tests(copy: Path, tests: list[str], timeout: float | None, running: Running) -> Result:
     """pytest in copy, its code first on the path; "killed" when it fails or runs past timeout."""
     start = time.perf_counter()
+    process = running.start(
+        [sys.executable, *PYTEST, *tests],
+        cwd=copy,
+        env=isolated_environment(copy),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        done = subprocess.run(
-            [sys.executable, *PYTEST, *tests],
-            cwd=copy,
-            env=isolated_environment(copy),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        output = None
+    finally:
+        running.end(process)  # ends it if it is still running: past the timeout, or a stop
+    if output is None:
+        process.communicate()  # collect it
         return Result("timeout", time.perf_counter() - start, f"ran past {timeout:.0f} s")
-    outcome = "survived" if done.returncode == 0 else "killed"
-    return Result(outcome, time.perf_counter() - start, done.stdout + done.stderr)
+    outcome = "survived" if process.returncode == 0 else "killed"
+    return Result(outcome, time.perf_counter() - start, output)
 
 
 def read_log(log: Path | None) -> dict[str, Result]:
@@ -312,7 +375,7 @@ def report(outcomes: list[tuple[Mutant, Result]]) -> None:
     survived = (m for m, r in outcomes if r.outcome == "survived")
     survivors = sorted(survived, key=lambda m: (m.path, m.line))
     for mutant in survivors:
-        print(f"survived  {mutant.describe()}")
+        print(f"survived  {mutant.id}  {mutant.describe()}")
     counts = {kind: sum(r.outcome == kind for _, r in outcomes) for kind in ("killed", "timeout")}
     print(
         f"{len(outcomes)} mutants: {counts['killed']} killed, {counts['timeout']} timed out, "

@@ -4,7 +4,12 @@ and a run reports exactly the mutants a project's tests miss."""
 from __future__ import annotations
 
 import ast
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -69,40 +74,134 @@ def test_each_kind_of_mutant_of_a_small_backward(tmp_path):
     assert len({m.id for m in found}) == len(found) == 22
 
 
-def test_a_run_reports_the_mutants_the_tests_miss_and_resumes_from_its_log(tmp_path, capsys):
+def relu_project(tmp_path: Path, test_body: str) -> Path:
+    """A project of one backward, relu_backward, and test_engine.py with test_body."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "engine.py").write_text("def relu_backward(dout, x):\n    return dout * (x > 0)\n")
-    (project / "test_engine.py").write_text(
-        textwrap.dedent(
-            """
-            import numpy as np
-            from engine import relu_backward
+    (project / "test_engine.py").write_text(textwrap.dedent(test_body))
+    return project
 
-            def test_relu_backward_away_from_zero():  # x = 0 and 0 < x < 1 never tried
-                x, dout = np.array([-2.0, 3.0]), np.array([5.0, 7.0])
-                assert relu_backward(dout, x).tolist() == [0.0, 7.0]
-            """
-        )
-    )
+
+RELU_TEST_AWAY_FROM_ZERO = """
+    import numpy as np
+    from engine import relu_backward
+
+    def test_relu_backward_away_from_zero():  # x = 0 and 0 < x < 1 never tried
+        x, dout = np.array([-2.0, 3.0]), np.array([5.0, 7.0])
+        assert relu_backward(dout, x).tolist() == [0.0, 7.0]
+    """
+SURVIVORS = {  # the mutants RELU_TEST_AWAY_FROM_ZERO misses, by kind: what the report says
+    "comparison": "engine.py:2 relu_backward (comparison): "
+    "return dout * (x > 0)  ->  return dout * (x >= 0)",
+    "constant": "engine.py:2 relu_backward (constant): "
+    "return dout * (x > 0)  ->  return dout * (x > 1)",
+}
+
+
+def test_a_run_reports_the_mutants_the_tests_miss_and_resumes_from_its_log(tmp_path, capsys):
+    project = relu_project(tmp_path, RELU_TEST_AWAY_FROM_ZERO)
     log = tmp_path / "mutants.jsonl"
     args = ["--root", str(project), "--target", "engine.py:relu_backward"]
     args += ["--tests", "test_engine.py", "--jobs", "2", "--log", str(log)]
-    expected = [
-        "survived  engine.py:2 relu_backward (comparison): "
-        "return dout * (x > 0)  ->  return dout * (x >= 0)",
-        "survived  engine.py:2 relu_backward (constant): "
-        "return dout * (x > 0)  ->  return dout * (x > 1)",
-        "3 mutants: 1 killed, 0 timed out, 2 survived",
-    ]
     assert main(args) == 0
-    assert sorted(capsys.readouterr().out.splitlines()) == sorted(expected)
+    out = capsys.readouterr().out.splitlines()
+    survivors = sorted(line for line in out if line.startswith("survived"))
+    assert [line.split("  ", 2)[2] for line in survivors] == sorted(SURVIVORS.values())
+    assert out[-1] == "3 mutants: 1 killed, 0 timed out, 2 survived"
     assert len(log.read_text().splitlines()) == 3
     assert (project / "engine.py").read_text().endswith("dout * (x > 0)\n")  # never written
     assert main(args) == 0  # again: every mutant is in the log, none is run
     captured = capsys.readouterr()
-    assert sorted(captured.out.splitlines()) == sorted(expected)
+    assert sorted(captured.out.splitlines()) == sorted(out)
     assert "3 mutants, 3 already in the log" in captured.err
+
+
+def test_ids_run_the_mutants_named_as_list_and_the_report_print_them(tmp_path, capsys):
+    project = relu_project(tmp_path, RELU_TEST_AWAY_FROM_ZERO)
+    root = ["--root", str(project)]
+    assert main([*root, "--target", "engine.py:relu_backward", "--list"]) == 0
+    listed = {
+        line.split("(")[1].split(")")[0]: line for line in capsys.readouterr().out.splitlines()
+    }
+    assert set(listed) == {"comparison", "constant", "operator"}
+    chosen = tmp_path / "chosen.txt"
+    chosen.write_text(f"# the one that survives\n\n{listed['comparison']}\n")
+    run = [*root, "--ids", str(chosen), "--tests", "test_engine.py", "--jobs", "1"]
+    assert main(run) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"survived  {listed['comparison']}",
+        "1 mutants: 0 killed, 0 timed out, 1 survived",
+    ]
+    chosen.write_text(out[0] + "\n" + listed["operator"] + "\n")  # the report's line, as it is
+    assert main(run) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[-1] == "2 mutants: 1 killed, 0 timed out, 1 survived"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("engine.py::relu_backward#0-00000000\n", "engine.py::relu_backward#0-00000000 is not a"),
+        ("relu_backward\n", "chosen.txt:1: 'relu_backward' is not a mutant id"),
+        ("# nothing\n\n", "no mutant ids in it"),
+    ],
+)
+def test_ids_that_name_no_mutant_are_refused(tmp_path, capsys, text, message):
+    project = relu_project(tmp_path, RELU_TEST_AWAY_FROM_ZERO)
+    chosen = tmp_path / "chosen.txt"
+    chosen.write_text(text)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--root", str(project), "--ids", str(chosen)])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sigterm_stops_a_run_its_tests_and_removes_the_copies(tmp_path):
+    """The mutant x > 1 makes the test sleep a minute; SIGTERM must end that test, not wait."""
+    project = relu_project(
+        tmp_path,
+        """
+        import os, time
+        from engine import relu_backward
+
+        def test_relu_backward_sleeps_when_broken():
+            if relu_backward(1.0, 0.5) == 0:  # the mutant x > 1
+                with open(os.environ["STARTED"], "w") as started:
+                    started.write(str(os.getpid()))
+                time.sleep(60)
+        """,
+    )
+    started, temporary = tmp_path / "started", tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "STARTED": str(started), "TMPDIR": str(temporary)}
+    args = ["--root", str(project), "--target", "engine.py:relu_backward", "--kinds", "constant"]
+    log = tmp_path / "mutants.jsonl"
+    args += ["--tests", "test_engine.py", "--jobs", "1", "--log", str(log)]
+    run = subprocess.Popen(
+        [sys.executable, "-m", "mutation", *args], cwd=ROOT, env=env, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.05)
+        assert started.exists(), "the mutant's test never started"
+        run.send_signal(signal.SIGTERM)
+        stopped_in = time.monotonic()
+        _, err = run.communicate(timeout=30)
+        assert run.returncode == 128 + signal.SIGTERM
+        assert time.monotonic() - stopped_in < 30  # not the test's minute
+        assert "stopped; the mutants run so far are in" in err.decode()
+    finally:  # a failed check leaves no run behind
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    with pytest.raises(ProcessLookupError):  # the test's process is gone
+        os.kill(int(started.read_text()), 0)
+    assert list(temporary.iterdir()) == []  # the copies are removed
+    assert not log.exists() or log.read_text() == ""  # the stopped mutant is not logged
 
 
 def listed_functions(args: list[str], capsys) -> set[str]:
