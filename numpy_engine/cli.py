@@ -20,8 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
@@ -30,6 +28,7 @@ from numpy_engine.cli_args import (
     positive_float,
     positive_int,
     run_command,
+    source_ids,
 )
 from numpy_engine.cli_hf import add_hf_commands
 from numpy_engine.cli_study import add_study_commands
@@ -293,7 +292,7 @@ def run_generate(args: argparse.Namespace) -> int:
     checkpoint = load_checkpoint(args.checkpoint)
     if checkpoint.model.continues_prompt:
         return _generate_text(args, checkpoint)
-    return _generate_sequence(args, checkpoint.model)
+    return _generate_sequence(args, checkpoint)
 
 
 def _sampling(args: argparse.Namespace) -> float:
@@ -333,27 +332,18 @@ def _generate_text(args: argparse.Namespace, checkpoint) -> int:
     return 0
 
 
-def _generate_sequence(args: argparse.Namespace, model) -> int:
+def _generate_sequence(args: argparse.Namespace, checkpoint) -> int:
     from numpy_engine.generate import greedy_decode
 
-    cfg = model.config
-    if args.source is None:
-        raise InputError("this is a copy/reverse checkpoint: give --source, not --prompt")
+    model, cfg = checkpoint.model, checkpoint.model.config
+    source = source_ids(args.source, checkpoint)
     if any(value is not None for value in (args.temperature, args.top_k, args.top_p)):
         raise InputError(
             "--temperature, --top-k and --top-p are for char-lm checkpoints; "
             "copy/reverse decode greedily"
         )
-    specials = (cfg.pad_id, cfg.bos_id, cfg.eos_id)
-    symbols = sorted(set(range(cfg.vocab_size)) - set(specials))
-    outside = [i for i in args.source if i not in symbols]
-    if outside:
-        raise InputError(
-            f"--source ids must be symbols {symbols[0]}..{symbols[-1]}, got {outside} "
-            f"({', '.join(map(str, specials))} are PAD, BOS and EOS; the model adds them itself)"
-        )
-    max_new = args.max_new_tokens or len(args.source) + 1  # the symbols, then EOS
-    generated = greedy_decode(model, np.array([args.source]), max_new, not args.no_cache)[0]
+    max_new = args.max_new_tokens or source.shape[1] + 1  # the symbols, then EOS
+    generated = greedy_decode(model, source, max_new, not args.no_cache)[0]
     shown = [int(i) for i in generated if i != cfg.pad_id]  # greedy_decode pads after EOS
     if cfg.eos_id in shown:
         shown = shown[: shown.index(cfg.eos_id) + 1]

@@ -111,3 +111,31 @@ def failure(command: str, error: BaseException) -> tuple[str | None, int | None]
         kind = "out of memory" if isinstance(error, MemoryError) else "numerical error"
         return f"numpy-engine {command}: stopped: {kind}: {error}", 1
     return None, None
+
+
+def source_ids(source: list[int] | None, checkpoint) -> np.ndarray:
+    """--source as a (1, S) batch for a copy/reverse checkpoint: symbols only, the model adds
+    PAD, BOS and EOS itself; a copy or reverse run's model knows the task's symbols (4..11,
+    not the unused 3), and a source longer than its training sequences gets a note."""
+    from numpy_engine.tasks import MAX_SEQUENCE_LENGTH, SEQUENCE_TASKS, SYMBOLS
+
+    if source is None:
+        raise InputError("this is a copy/reverse checkpoint: give --source, not --prompt")
+    cfg, task = checkpoint.model.config, checkpoint.meta.get("task")
+    specials = (cfg.pad_id, cfg.bos_id, cfg.eos_id)
+    trained_on_task = task in SEQUENCE_TASKS
+    symbols = SYMBOLS if trained_on_task else sorted(set(range(cfg.vocab_size)) - set(specials))
+    outside = [i for i in source if i not in symbols]
+    if outside:
+        whose = f"the {task} task's " if trained_on_task else ""
+        raise InputError(
+            f"--source ids must be {whose}symbols {symbols[0]}..{symbols[-1]}, got {outside} "
+            f"({', '.join(map(str, specials))} are PAD, BOS and EOS; the model adds them itself)"
+        )
+    if trained_on_task and len(source) > MAX_SEQUENCE_LENGTH:
+        print(
+            f"note: this {task} model learned sources of 1 to {MAX_SEQUENCE_LENGTH} symbols; "
+            f"on {len(source)} it shows how far that generalizes",
+            file=sys.stderr,
+        )
+    return np.array([source])

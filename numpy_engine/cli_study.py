@@ -14,6 +14,7 @@ from numpy_engine.cli_args import (
     add_source_or_prompt,
     int_in,
     non_negative_int,
+    source_ids,
 )
 from numpy_engine.models import KINDS
 
@@ -88,9 +89,8 @@ def run_attention(args: argparse.Namespace) -> int:
     if model.continues_prompt:
         ids, labels = _prompt_ids(args, checkpoint)
     else:
-        if args.source is None:
-            raise InputError("this is a copy/reverse checkpoint: give --source, not --prompt")
-        ids, labels = np.array(args.source), [str(i) for i in args.source]
+        ids = source_ids(args.source, checkpoint)[0]
+        labels = [str(i) for i in ids]
     print(f"wrote {plot_attention(model.attention_panels(ids, labels), args.out)}")
     return 0
 

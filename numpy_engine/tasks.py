@@ -17,6 +17,7 @@ from numpy_engine.checks import InputError
 
 PAD, BOS, EOS = 0, 1, 2
 SYMBOLS = tuple(range(4, 12))
+SEQUENCE_TASKS = ("copy", "reverse")
 COPY_VOCAB_SIZE = 12
 MAX_SEQUENCE_LENGTH = 3
 DEFAULT_TEXT = "to be or not to be that is the question " * 50
@@ -58,7 +59,7 @@ def _split(sequences: list[tuple[int, ...]], reverse: bool) -> Split:
 
 def sequence_task(name: str = "copy", seed: int = 7, train_fraction: float = 0.8) -> SequenceTask:
     """Every sequence of 1..3 symbols, split by a permutation drawn from seed."""
-    if name not in ("copy", "reverse"):
+    if name not in SEQUENCE_TASKS:
         raise InputError(f"task must be 'copy' or 'reverse', got {name!r}")
     sequences = [
         s for n in range(1, MAX_SEQUENCE_LENGTH + 1) for s in itertools.product(SYMBOLS, repeat=n)

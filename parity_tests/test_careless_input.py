@@ -124,12 +124,30 @@ def test_an_overflow_stops_training_like_a_nan(tmp_path):
     assert all(np.isfinite(value).all() for value in saved.model.params.values())
 
 
-def test_generate_refuses_special_ids_and_prints_no_padding(short_copy):
+@pytest.mark.parametrize("command", ["generate", "attention"])
+def test_a_source_of_special_or_unused_ids_is_refused(short_copy, tmp_path, command):
+    """PAD, BOS and EOS are the model's to add; 3 is in the vocabulary but no copy symbol."""
+    out = ["--out", str(tmp_path / "a.png")] if command == "attention" else []
     assert_refused(
-        run_cli("generate", "--checkpoint", str(short_copy), "--source", "1", "2", "3"),
-        "--source ids must be symbols 3..11",
-        "got [1, 2]",
+        run_cli(command, "--checkpoint", str(short_copy), "--source", "1", "2", "3", *out),
+        "--source ids must be the copy task's symbols 4..11",
+        "got [1, 2, 3]",
     )
+
+
+def test_generate_notes_a_source_longer_than_the_task_taught(short_copy):
+    result = run_cli("generate", "--checkpoint", str(short_copy), "--source", *"45674567")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == (
+        "note: this copy model learned sources of 1 to 3 symbols; "
+        "on 8 it shows how far that generalizes"
+    )
+    assert len(result.stdout.split()) <= 9  # at most 8 symbols and EOS
+    short = run_cli("generate", "--checkpoint", str(short_copy), "--source", "4", "5", "6")
+    assert short.returncode == 0 and short.stderr == ""  # within the task: no note
+
+
+def test_generate_prints_no_padding(short_copy):
     result = run_cli("generate", "--checkpoint", str(short_copy), "--source", "5")
     assert result.returncode == 0, result.stderr
     tokens = [int(t) for t in result.stdout.split()]

@@ -163,7 +163,7 @@ def test_bad_inputs_exit_2_without_traceback(tmp_path, copy_dir):
         (["generate", "--checkpoint", str(copy_dir[0]), "--prompt", "to"], "give --source"),
         (
             ["generate", "--checkpoint", str(copy_dir[0]), "--source", "4", "12"],
-            "--source ids must be symbols 3..11, got [12]",
+            "--source ids must be the copy task's symbols 4..11, got [12]",
         ),
     ]
     for args, message in cases:
