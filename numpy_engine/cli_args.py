@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 from numpy_engine.checks import InputError
+from numpy_engine.tasks import MAX_SEQUENCE_LENGTH, SEQUENCE_TASKS, SYMBOLS
 
 
 def positive_int(text: str) -> int:
@@ -68,7 +69,8 @@ def add_source_or_prompt(parser: argparse.ArgumentParser, source_use: str, promp
         type=int,
         nargs="+",
         metavar="ID",
-        help=f"copy/reverse: the source symbols, ids 4..11 (e.g. --source 4 7 9); {source_use}",
+        help=f"copy/reverse: the source symbols, ids {SYMBOLS[0]}..{SYMBOLS[-1]}, 1 to "
+        f"{MAX_SEQUENCE_LENGTH} of them as in training (e.g. --source 4 7 9); {source_use}",
     )
     what.add_argument("--prompt", help=f"char-lm: {prompt_use}")
 
@@ -117,8 +119,6 @@ def source_ids(source: list[int] | None, checkpoint) -> np.ndarray:
     """--source as a (1, S) batch for a copy/reverse checkpoint: symbols only, the model adds
     PAD, BOS and EOS itself; a copy or reverse run's model knows the task's symbols (4..11,
     not the unused 3), and a source longer than its training sequences gets a note."""
-    from numpy_engine.tasks import MAX_SEQUENCE_LENGTH, SEQUENCE_TASKS, SYMBOLS
-
     if source is None:
         raise InputError("this is a copy/reverse checkpoint: give --source, not --prompt")
     cfg, task = checkpoint.model.config, checkpoint.meta.get("task")
