@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
@@ -46,6 +47,19 @@ def flops_per_step(cfg: Workload, model) -> float:
 def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     return 2 * n**3 / best_seconds(lambda: np.matmul(a, a), repeats) / 1e9
+
+
+def blas_libraries() -> dict[str, str]:
+    """The BLAS each library multiplies with, which the ratios depend on more than on most
+    changes of code (docs/performance.md, section 2): NumPy's with the kernel it chose for
+    this processor, torch's as its build reports it."""
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    numpy_blas = f"{blas['name']} {blas['version']}"
+    kernels = {info.get("architecture") for info in threadpool_info()} - {None}  # OpenBLAS's
+    if kernels:
+        numpy_blas += f" ({', '.join(sorted(kernels))})"
+    built = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    return {"numpy": numpy_blas, "torch": built.group(1) if built else "unknown"}
 
 
 def torch_step(module, optimizer, batch) -> float:
@@ -149,13 +163,19 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
             mem_steps = 2 if name == "large" else 5
             results[name]["engine_peak_mb"] = peak_memory_mb(name, "engine", mem_steps, threads)
             results[name]["torch_peak_mb"] = peak_memory_mb(name, "torch", mem_steps, threads)
-    return {"threads": threads, "matmul_peak_gflops": peak, "configs": results}
+    return {
+        "threads": threads,
+        "matmul_peak_gflops": peak,
+        "blas": blas_libraries(),
+        "configs": results,
+    }
 
 
 def table(summary: dict) -> str:
     lines = [
         f"float32, {summary['threads']} thread(s); np.matmul peak "
-        f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024)",
+        f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024); BLAS: NumPy "
+        f"{summary['blas']['numpy']}, torch {summary['blas']['torch']}",
         f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'MFLOP/step':>11} "
         f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9} {'np calls':>9}",
     ]

@@ -40,12 +40,15 @@ def test_train_step_benchmark_one_step_smoke(tmp_path, capsys):
         assert 100 < row["numpy_calls"] < 5000  # a small model's step: hundreds of calls
     char_lm = summary["configs"]["char-lm"]
     assert char_lm["numpy_matmul_ms"] > 0 and char_lm["torch_matmul_ms"] > 0
+    blas = summary["blas"]  # what the ratios depend on, named in the table's first line
+    assert blas["numpy"].split()[0] in ("scipy-openblas", "openblas", "accelerate", "mkl")
+    assert blas["torch"] != "unknown"
     assert "copy" not in [line.split()[0] for line in table_after("matmuls alone", capsys)]
 
 
 def table_after(heading: str, capsys) -> list[str]:
     out = capsys.readouterr().out
-    assert "ratio" in out and heading in out
+    assert "ratio" in out and heading in out and "BLAS: NumPy " in out.splitlines()[0]
     return [line for line in out.split(heading, 1)[1].splitlines()[2:] if line.strip()]
 
 
