@@ -237,6 +237,35 @@ def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
             np.testing.assert_array_equal(grads[key], value)
 
 
+def test_a_block_ending_inside_a_one_row_array_gathers_every_array_it_spans():
+    """Blocks of 5 over a (3,), a (1, 4) and a (2,): 0..5 spans the first two and ends in the
+    one-row array, 5..9 starts in it; the dict steps to the flat gradient's bits."""
+    shapes = {"a": (3,), "row": (1, 4), "z": (2,)}
+    rng = np.random.default_rng(0)
+    flat = flatten({key: rng.standard_normal(shape) for key, shape in shapes.items()})
+    params, twin = unflatten(flat, {k: np.empty(s) for k, s in shapes.items()}), flat.copy()
+    with mock.patch.object(optim, "BLOCK_BYTES", 8 * 5):
+        from_dict, from_flat = Adam(params, lr=0.01), Adam(unflatten(twin, params), lr=0.01)
+    grads = {key: rng.standard_normal(shape) for key, shape in shapes.items()}
+    from_dict.step(flat, grads)
+    from_flat.step(twin, flatten(grads))
+    np.testing.assert_array_equal(flat, twin)
+
+
+@pytest.mark.parametrize("max_norm", [None, 1.0])
+def test_error_if_nonfinite_leaves_a_finite_step_as_it_was(max_norm):
+    """The flag only looks at the norm: finite gradients step to the same bits with it as
+    without, clipped or not, and the step returns the norm only when it clips."""
+    flat, params = random_params(np.random.default_rng(0))
+    twin = flat.copy()
+    flagged, plain = AdamW(params, lr=0.01), AdamW(unflatten(twin, params), lr=0.01)
+    grads = {key: np.full(value.shape, 3.0) for key, value in params.items()}
+    norm = flagged.step(flat, grads, max_grad_norm=max_norm, error_if_nonfinite=True)
+    assert norm == plain.step(twin, grads, max_grad_norm=max_norm)
+    assert (norm is None) == (max_norm is None)
+    np.testing.assert_array_equal(flat, twin)
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [
