@@ -28,7 +28,7 @@ from __future__ import annotations
 import ast
 import difflib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +86,17 @@ class Site:
     alternative: str | int | None = None  # a name, a field or an argument index
 
 
-def mutants(root: Path, targets: list[tuple[str, str]]) -> list[Mutant]:
-    """Every mutant of the target functions, (file relative to root, function name) each."""
+def mutants(
+    root: Path, targets: list[tuple[str, str]], kinds: Collection[str] = KINDS
+) -> list[Mutant]:
+    """Every mutant of the given kinds of the target functions, (file relative to root,
+    function name) each. Only those are described: describing one parses its file again."""
     found = []
     for path, function in targets:
         source = (root / path).read_text()
-        for index, _ in enumerate(sites(find_function(ast.parse(source), function, path))):
-            found.append(describe(source, path, function, index))
+        for index, site in enumerate(sites(find_function(ast.parse(source), function, path))):
+            if site.kind in kinds:
+                found.append(describe(source, path, function, index))
     return found
 
 

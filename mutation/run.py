@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ids = read_ids(args.ids) if args.ids else None
         targets = chosen_targets(args, ids, root)
-        found = [m for m in mutants(root, targets) if m.kind in args.kinds]
+        found = mutants(root, targets, args.kinds)
         if ids is not None:
             found = chosen_mutants(found, ids, args.ids)
         done = read_log(args.log)
