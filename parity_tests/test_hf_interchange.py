@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from numpy_engine import hf
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main
 from numpy_engine.tasks import DEFAULT_TEXT
@@ -107,6 +108,7 @@ def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
     theirs = reloaded.eval()(torch.tensor(ids)).logits.detach().numpy()
     assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
     assert (back / "tokenizer.json").read_text() == (hf_dir / "tokenizer.json").read_text()
+    assert json.loads((back / "config.json").read_text())["eos_token_id"] == eot
 
 
 def spoiled(tmp_path, hf_dir, config=None, state=None):
@@ -136,6 +138,11 @@ def reshaped(key):
         (None, lambda w: w | {"transformer.h.0.extra": w["transformer.ln_f.bias"]}, "'h.0.extra'"),
         (None, reshaped("transformer.ln_f.bias"), "final_norm.bias'] must have shape (16,)"),
         ({"layer_norm_epsilon": 1e-6}, None, "layer_norm_epsilon=1e-06 is not supported"),
+        (
+            None,
+            lambda w: w | {"lm_head.weight": 2 * w["transformer.wte.weight"]},
+            "lm_head.weight differs from wte.weight: an untied head",
+        ),
     ],
 )
 def test_import_refuses_a_malformed_directory(tmp_path, capsys, hf_dir, config, state, words):
@@ -143,6 +150,47 @@ def test_import_refuses_a_malformed_directory(tmp_path, capsys, hf_dir, config, 
     status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
     assert status == 2 and words in err, err
     assert not (tmp_path / "run" / "checkpoint.npz").exists()
+
+
+def old_hub_layout(weights: dict) -> dict:
+    """Weights as older hub files hold them: no "transformer." prefix, each block's causal
+    mask buffers (attn.bias, attn.masked_bias), and the tied head saved as lm_head.weight."""
+    out = {key.removeprefix("transformer."): value for key, value in weights.items()}
+    for i in range(2):
+        out[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, 32, 32), np.float32))
+        out[f"h.{i}.attn.masked_bias"] = np.array(-1e4, np.float32)
+    return out | {"lm_head.weight": out["wte.weight"].copy()}
+
+
+def test_import_reads_the_old_hub_layout_and_a_config_without_the_newer_settings(
+    tmp_path, capsys, hf_dir
+):
+    """The hub's original gpt2 has that layout, and a config.json that names none of the
+    settings the import checks (hf.FIXED): they take transformers' defaults. The same
+    parameters as from save_pretrained's directory, bit for bit."""
+    directory = spoiled(tmp_path, hf_dir, state=old_hub_layout)
+    config = json.loads((directory / "config.json").read_text())
+    for name in hf.FIXED:
+        config.pop(name, None)
+    (directory / "config.json").write_text(json.dumps(config))
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert cli(capsys, "import-hf", str(directory), "--out", str(old))[0] == 0
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(new))[0] == 0
+    old_params, new_params = load_checkpoint(old).model.params, load_checkpoint(new).model.params
+    assert list(old_params) == list(new_params)
+    for key, value in new_params.items():
+        np.testing.assert_array_equal(old_params[key], value)
+
+
+@pytest.mark.parametrize(
+    ("eos", "eos_id"), [(0, 0), (299, 299), (300, None), (None, None), ([7], None)]
+)
+def test_the_end_of_text_token_is_kept_when_it_is_an_id_of_the_vocabulary(eos, eos_id):
+    """Of config.json's eos_token_id, generation keeps an id of the 300-token vocabulary, 0
+    included; none, an id past it, or a list means no end-of-text token."""
+    config = {"model_type": "gpt2", "vocab_size": 300, "n_embd": 16, "n_head": 2}
+    config |= {"n_layer": 2, "n_positions": 32, "eos_token_id": eos}
+    assert hf.config_from_hf(config, "float32").eos_id == eos_id
 
 
 def test_export_refuses_a_model_that_is_not_gpt2(tmp_path, capsys):
