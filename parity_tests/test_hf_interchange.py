@@ -63,7 +63,12 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
     run, tuned, back = tmp_path / "run", tmp_path / "tuned", tmp_path / "back"
-    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(run))[0] == 0
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(run)) == (
+        0,
+        f"wrote {run / 'checkpoint.npz'}\n",
+        "",
+    )
+    assert load_checkpoint(run).meta["source"] == str(hf_dir)  # where it came from
 
     generate = ["generate", "--checkpoint", str(run), "--prompt", "to be", "--max-new-tokens"]
     status, out, _ = cli(capsys, *generate, "20")
@@ -100,7 +105,8 @@ def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
     assert result["steps"] == 30 and result["task"] == "lm"
     assert result["final_train_loss"] < result["initial_train_loss"] - 1.0
 
-    assert cli(capsys, "export-hf", "--checkpoint", str(tuned), "--to", str(back))[0] == 0
+    exported = cli(capsys, "export-hf", "--checkpoint", str(tuned), "--to", str(back))
+    assert exported == (0, f"wrote {back}\n", "")
     reloaded, info = GPT2LMHeadModel.from_pretrained(back, output_loading_info=True)
     assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
     ids = np.array([tokenizer.encode("that is the question").ids])
