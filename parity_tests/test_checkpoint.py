@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import numpy_engine as ne
+from numpy_engine import checkpoint
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.optim import AdamW
 
@@ -72,8 +76,12 @@ def test_refuses_a_truncated_file(saved):
 def test_refuses_a_wrong_version_and_mismatched_params(saved):
     path = saved[0]
     rewrite(path, format_version=np.array(99))
-    with pytest.raises(ValueError, match="format version 99, expected 1"):
+    with pytest.raises(ValueError, match=f"^checkpoint {re.escape(str(path))}: format version 99"):
         load_checkpoint(path)
+    rewrite(path, format_version=np.array(1), meta=None)
+    with pytest.raises(ValueError, match="missing 'meta'"):
+        load_checkpoint(path)
+    rewrite(path, meta=np.array(json.dumps({"step": 1})))
     rewrite(path, format_version=np.array(1), **{"param/head.bias": np.zeros(5, np.float32)})
     with pytest.raises(ValueError, match=r"does not match its config: params\['head.bias'\]"):
         load_checkpoint(path)
@@ -92,6 +100,43 @@ def test_missing_file(tmp_path):
 
 def test_saving_leaves_no_temporary_files(saved):
     path = saved[0]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.npz"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # a shared artifact, not mkstemp's 0o600
+
+
+def test_a_save_is_on_disk_before_it_replaces_the_old_checkpoint(saved, monkeypatch):
+    """The whole new file is flushed and fsynced, then renamed over the old one: a crash
+    leaves one checkpoint or the other, never a part of one."""
+    path, model, _ = saved
+    events = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_size))  # what the disk holds of the file
+        fsync(fd)
+
+    def recording_replace(source, target):
+        events.append(("replace", Path(source).stat().st_size))
+        replace(source, target)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", recording_fsync)
+    monkeypatch.setattr(checkpoint.os, "replace", recording_replace)
+    save_checkpoint(path, model, None, {"step": 2})
+    size = path.stat().st_size
+    assert events == [("fsync", size), ("replace", size)]
+
+
+def test_a_save_that_fails_keeps_the_old_checkpoint_and_no_temporary_file(saved, monkeypatch):
+    path, model, _ = saved
+    before = path.read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.np, "savez", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(path, model, None, {"step": 2})
+    assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.npz"]
 
 
