@@ -9,6 +9,8 @@ can be pinned with @example).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 import numpy_engine as ne
 from numpy_engine import attention as A
 from numpy_engine import losses
-from numpy_engine.checks import InputError
+from numpy_engine.checks import InputError, check_finite
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record_count
 
@@ -310,6 +312,22 @@ malformed_gradients = st.one_of(
     st.just(None),
     st.just([[0.0]]),
 )
+
+
+def test_ids_and_targets_given_as_lists_are_read_as_the_arrays_they_spell():
+    loss, grads = GPT.loss_and_grads(IDX, TARGETS)
+    from_lists = GPT.loss_and_grads(IDX.tolist(), TARGETS.tolist())
+    assert from_lists[0] == loss
+    assert all(np.array_equal(from_lists[1][key], value) for key, value in grads.items())
+    with pytest.raises(InputError, match=r"idx\[1, 3\] = 13"):
+        GPT.loss_and_grads(replaced(IDX, (1, 3), 13).tolist(), TARGETS.tolist())
+
+
+def test_a_non_finite_gradient_is_named_by_its_first_bad_entry():
+    grad = np.zeros((2, 3))
+    grad[0, 2], grad[1, 1] = np.nan, np.inf
+    with pytest.raises(InputError, match=re.escape("g must be finite, but g[0, 2] = nan")):
+        check_finite("g", grad)
 
 
 @given(bad=malformed_gradients)
