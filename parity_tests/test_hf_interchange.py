@@ -162,7 +162,7 @@ def old_hub_layout(weights: dict) -> dict:
     """Weights as older hub files hold them: no "transformer." prefix, each block's causal
     mask buffers (attn.bias, attn.masked_bias), and the tied head saved as lm_head.weight."""
     out = {key.removeprefix("transformer."): value for key, value in weights.items()}
-    for i in range(2):
+    for i in {key.split(".")[1] for key in out if key.startswith("h.")}:  # each block
         out[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, 32, 32), np.float32))
         out[f"h.{i}.attn.masked_bias"] = np.array(-1e4, np.float32)
     return out | {"lm_head.weight": out["wte.weight"].copy()}
