@@ -91,13 +91,14 @@ def run_mutants(to_run: list[Mutant], root: Path, tests: list[str], jobs: int, l
     """(id, result) of each mutant run, or None if the tests fail without a mutant."""
     with project_copies(root, jobs) as copies:
         check_imports_from(copies[0], sorted({m.path for m in to_run}))
-        clean = run_tests(copies[0], tests, None, Running())
+        running = Running()  # every test run of this run, so that a stop can end them
+        clean = run_tests(copies[0], tests, None, running)
         if clean.outcome != "survived":  # "survived": the tests pass
             print(f"the tests fail without any mutant:\n{clean.output}", file=sys.stderr)
             return None
         limit = max(TIME_LIMIT_MIN, TIME_LIMIT_FACTOR * clean.seconds)
         print(f"the tests pass unmutated in {clean.seconds:.0f} s", file=sys.stderr)
-        return run_all(to_run, copies, tests, limit, log)
+        return run_all(to_run, copies, tests, limit, log, running)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -281,15 +282,15 @@ def not_copied(directory: str, names: list[str]) -> set[str]:
     return skipped
 
 
-def run_all(to_run, copies: list[Path], tests, limit, log) -> list[tuple[str, Result]]:
+def run_all(to_run, copies: list[Path], tests, limit, log, running: Running) -> list:
     """(id, result) of each mutant, in the order they finish; a line each on stderr and in
-    log. A job takes a free copy from a queue and puts it back; on Ctrl-C the mutants not
-    yet started are dropped (the log keeps those done)."""
+    log. A job takes a free copy from a queue and puts it back; on Ctrl-C or SIGTERM the
+    tests running are ended and the mutants not yet started dropped (the log keeps those
+    done)."""
     free: queue.Queue[Path] = queue.Queue()
     for copy in copies:
         free.put(copy)
     pool = ThreadPoolExecutor(len(copies))
-    running = Running()
     results = []
     try:
         futures = {pool.submit(run_mutant, m, free, tests, limit, running): m for m in to_run}
