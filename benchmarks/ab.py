@@ -2,6 +2,7 @@
 
     python -m benchmarks.ab HEAD~1                          # copy and char-lm, 400 pairs
     python -m benchmarks.ab a19a5c1 --configs large --steps 20
+    python -m benchmarks.ab HEAD~1 --configs gpt2 --steps 10
 
 The earlier commit's `numpy_engine/` and `benchmarks/` come out of git (`git archive`) into
 a temporary directory, renamed `numpy_engine_old` and `benchmarks_old` (their imports
@@ -26,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 PACKAGES = ("numpy_engine", "benchmarks")
+GPT2 = "gpt2"  # not in workloads.WORKLOADS: its model and batches come from benchmarks/gpt2.py
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 
 
@@ -50,22 +52,31 @@ def export_old(revision: str, into: Path) -> None:
             target.write_text(renamed.sub(r"\1_old", source.read_text()))
 
 
+def side(benchmarks, name: str) -> tuple:
+    """(workloads module, model, optimizer, 4 batches, []) of one side: a workload of
+    benchmarks/workloads.py, or gpt2 (benchmarks/gpt2.py's model, AdamW and batches)."""
+    workloads = benchmarks.workloads
+    if name != GPT2:
+        return (workloads, *workloads.build(workloads.WORKLOADS[name], 4), [])
+    trainer = benchmarks.gpt2.EngineTrainer(benchmarks.gpt2.engine_model())
+    return (workloads, trainer.model, trainer.optimizer, benchmarks.gpt2.batches(4), [])
+
+
 def alternate(old, new, name: str, pairs: int) -> tuple[float, float, float]:
-    """(old median ms, new median ms, median new / old) over pairs of alternating steps."""
-    sides = []
-    for workloads in (old, new):
-        model, optimizer, batches = workloads.build(workloads.WORKLOADS[name], 4)
-        sides.append((workloads, model, optimizer, batches, []))
+    """(old median ms, new median ms, median new / old) over pairs of alternating steps;
+    old and new are the two sides' `benchmarks` packages."""
+    sides = [side(old, name), side(new, name)]
+    stopwatch = new.workloads  # one clock and one ratio for both sides
     for i in range(pairs + 5):
         for workloads, model, optimizer, batches, times in sides if i % 2 else sides[::-1]:
-            seconds, _ = new.timed(workloads.engine_step, model, optimizer, batches[i % 4])
+            seconds, _ = stopwatch.timed(workloads.engine_step, model, optimizer, batches[i % 4])
             if i >= 5:  # warm-up pairs
                 times.append(seconds)
     old_times, new_times = sides[0][4], sides[1][4]
     return (
         1e3 * statistics.median(old_times),
         1e3 * statistics.median(new_times),
-        new.paired_ratio(new_times, old_times),
+        stopwatch.paired_ratio(new_times, old_times),
     )
 
 
@@ -80,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         "--configs",
         nargs="+",
         default=["copy", "char-lm"],
-        help="workloads of benchmarks/workloads.py: copy, char-lm, large (default: copy char-lm)",
+        help="workloads of benchmarks/workloads.py: copy, char-lm, large; or gpt2, the 124M "
+        "model of benchmarks/gpt2.py (two models in memory, ~5 GB) (default: copy char-lm)",
     )
     parser.add_argument(
         "--steps", type=int, default=400, help="timed pairs of steps per config (default: 400)"
@@ -93,18 +105,21 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         export_old(args.revision, Path(tmp))
         sys.path.insert(0, tmp)
-        from benchmarks_old import workloads as old  # type: ignore[import-not-found]
+        import benchmarks_old.gpt2  # type: ignore[import-not-found]
+        import benchmarks_old.workloads  # type: ignore[import-not-found]
 
-        from benchmarks import workloads as new
+        import benchmarks.gpt2
+        import benchmarks.workloads
         from numpy_engine.memory import keep_freed_memory
 
         keep_freed_memory()
-        unknown = set(args.configs) - new.WORKLOADS.keys()
+        known = [*benchmarks.workloads.WORKLOADS, GPT2]
+        unknown = set(args.configs) - set(known)
         if unknown:
-            parser.error(f"unknown configs {sorted(unknown)}; known: {sorted(new.WORKLOADS)}")
+            parser.error(f"unknown configs {sorted(unknown)}; known: {sorted(known)}")
         print(f"{args.revision} (old) against the working tree (new), one thread")
         for name in args.configs:
-            old_ms, new_ms, ratio = alternate(old, new, name, args.steps)
+            old_ms, new_ms, ratio = alternate(benchmarks_old, benchmarks, name, args.steps)
             print(f"{name:8s} old {old_ms:9.3f} ms  new {new_ms:9.3f} ms  new/old {ratio:.4f}")
 
 

@@ -26,9 +26,10 @@ import numpy as np
 
 from numpy_engine.blocking import slices
 from numpy_engine.checks import InputError, InputTypeError
+from numpy_engine.memory import aligned_empty, aligned_zeros
 from numpy_engine.params import unflatten
 
-BLOCK_BYTES = 1 << 20  # of each vector updated together (256K float32 entries)
+BLOCK_BYTES = 256 * 1024  # of each vector updated together (64K float32 entries)
 
 
 def blocks(size: int, itemsize: int) -> list[slice]:
@@ -36,9 +37,12 @@ def blocks(size: int, itemsize: int) -> list[slice]:
     whole-vector operations, run block by block, reads each array from memory once instead
     of once per operation: on a 124M-parameter model that is most of the optimizer's time.
     Measured there (float32, an AdamW step with clipping, one thread, sizes alternating in
-    one process, median of 6): whole vectors 908 ms; blocks of 256 KB 304-306 ms, 512 KB
-    292, 1 MB 282-283, 2 MB 284, 4 MB 325. Fewer blocks are fewer calls; past 2 MB the
-    blocks' arrays leave the caches."""
+    one process): on the Intel machine (2 MiB of L2 a core; median of 8) 256 KB blocks took
+    0.77 and 0.81 of 1 MB's time (462-479 ms against 570-652), 128 KB 0.77, 192 KB 0.81,
+    512 KB 0.87, 64 KB 0.87; the six block-sized arrays of an update (parameters, gradient,
+    moments, scratch) then stay in L2. On the AMD machine (1 MiB of L2, a faster L3; median
+    of 6) the order was the other way: whole vectors 908 ms, 256 KB 304-306, 512 KB 292,
+    1 MB 282-283, 2 MB 284, 4 MB 325."""
     return slices(size, itemsize, BLOCK_BYTES)
 
 
@@ -140,13 +144,16 @@ class Optimizer:
         self.step_count = 0
         self.size = sum(p.size for p in params.values())
         self.dtype = next(iter(params.values())).dtype
-        self.flat_state = {name: np.zeros(self.size, self.dtype) for name in self.state_names}
+        self.flat_state = {name: aligned_zeros(self.size, self.dtype) for name in self.state_names}
         self.state = {name: unflatten(flat, params) for name, flat in self.flat_state.items()}
         self.keys = list(params)
         self.shapes = [p.shape for p in params.values()]
         self.starts = np.cumsum([0] + [p.size for p in params.values()]).tolist()
         self.pieces = blocks(self.size, self.dtype.itemsize)
         self.block_entries = self.pieces[0].stop
+        # the step's rows: two for the update's intermediates, one for a gathered or clipped
+        # gradient; allocated once, on cache lines (a step of the copy model is ~1.6 ms)
+        self.scratch = aligned_empty((3, self.block_entries), self.dtype)
 
     def step(
         self,
@@ -163,8 +170,7 @@ class Optimizer:
         NaN or inf in grads, raises NonFiniteGradients before anything is updated. The norm
         finds them at no cost of its own when clipping: a training loop's guard."""
         self.check_vector("flat_params", flat_params)
-        # rows: two for the update's intermediates, one for a gathered or clipped gradient
-        scratch = np.empty((3, self.block_entries), self.dtype)
+        scratch = self.scratch
         gradients = Gradients(grads, self, scratch[2])
         norm = coef = None
         if max_grad_norm is not None or error_if_nonfinite:

@@ -24,6 +24,7 @@ from numpy_engine.layers import (
     linear_forward,
 )
 from numpy_engine.losses import cross_entropy_backward, cross_entropy_forward
+from numpy_engine.memory import aligned_empty
 from numpy_engine.params import check_params, flatten, unflatten
 
 DTYPES = ("float32", "float64")
@@ -61,7 +62,9 @@ class Model:
     def __init__(self, config, seed: int = 0) -> None:
         self.config = config
         initial = self._init_params(config, np.random.default_rng(seed))
-        self.flat = flatten(initial).astype(config.dtype)  # every parameter, one vector
+        size = sum(value.size for value in initial.values())
+        # every parameter, one vector on a cache line (the optimizer walks it in blocks)
+        self.flat = flatten(initial, aligned_empty(size, config.dtype))
         self.params = unflatten(self.flat, initial)  # named views of it, keyed like state_dict
 
     # ------------------------------------------------------------ what a kind implements
