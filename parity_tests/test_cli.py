@@ -10,6 +10,7 @@ import pytest
 
 from crosscheck.cli import build_parser as crosscheck_parser
 from numpy_engine.cli import build_parser as engine_parser
+from numpy_engine.cli import parse_command
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -130,6 +131,23 @@ def test_bad_flags_exit_2_with_one_line(args, message):
     result = run_cli(*args)
     assert result.returncode == 2 and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, command, unknown",
+    [
+        (["grads", "--checkpoint", "RUN"], "grads", "--checkpoint RUN"),
+        (["train", "copy", "--bogus", "1"], "train", "--bogus 1"),
+        (["generate", "--checkpoint", "RUN", "--prompt", "a", "extra"], "generate", "extra"),
+    ],
+)
+def test_an_unknown_flag_is_refused_with_its_commands_usage(args, command, unknown, capsys):
+    """The command's own usage and flags, not the top-level list of commands."""
+    with pytest.raises(SystemExit) as exit_status:
+        parse_command(args)
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2 and err.startswith(f"usage: numpy-engine {command} ")
+    assert err.endswith(f"numpy-engine {command}: error: unrecognized arguments: {unknown}\n")
 
 
 @pytest.mark.parametrize(
