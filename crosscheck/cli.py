@@ -13,7 +13,9 @@ from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
     non_negative_int,
+    parse_command,
     positive_int,
+    refuse_with_each_commands_usage,
     run_command,
 )
 from numpy_engine.models import KINDS
@@ -158,11 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_parity_command(commands)
     add_interchange_commands(commands)
     add_bench_command(commands)
+    refuse_with_each_commands_usage(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(build_parser().parse_args(argv))
+    return run_command(parse_command(build_parser(), argv))
 
 
 if __name__ == "__main__":

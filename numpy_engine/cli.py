@@ -25,8 +25,10 @@ from numpy_engine.cli_args import (
     add_checkpoint_argument,
     add_source_or_prompt,
     non_negative_int,
+    parse_command,
     positive_float,
     positive_int,
+    refuse_with_each_commands_usage,
     run_command,
     source_ids,
 )
@@ -181,19 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_hf_commands(commands)
     for name, summary in TORCH_COMMANDS.items():  # listed in --help; run by crosscheck
         commands.add_parser(name, help=f"{summary} (needs the test extra)", add_help=False)
-    for command in commands.choices.values():
-        command.set_defaults(command_parser=command)  # for parse_command's errors
+    refuse_with_each_commands_usage(commands)
     return parser
-
-
-def parse_command(argv: list[str]) -> argparse.Namespace:
-    """The parsed arguments of a command. A flag the command does not know is refused with
-    that command's usage (`numpy-engine grads --checkpoint X` names grads and its flags),
-    not the top-level one argparse would print; exit 2 either way."""
-    args, unknown = build_parser().parse_known_args(argv)
-    if unknown:
-        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return args
 
 
 # -------------------------------------------------------------------------- commands
@@ -383,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TORCH_COMMANDS:
         return forward_to_crosscheck(argv)
-    return run_command(parse_command(argv))
+    return run_command(parse_command(build_parser(), argv))
 
 
 if __name__ == "__main__":

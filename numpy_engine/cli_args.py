@@ -15,6 +15,23 @@ from numpy_engine.checks import InputError
 from numpy_engine.tasks import MAX_SEQUENCE_LENGTH, SEQUENCE_TASKS, SYMBOLS
 
 
+def refuse_with_each_commands_usage(commands) -> None:
+    """Make each command of `commands` (add_subparsers' result) its own default
+    command_parser, which parse_command refuses unknown flags with."""
+    for command in commands.choices.values():
+        command.set_defaults(command_parser=command)
+
+
+def parse_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parser's parsed arguments. A flag the command does not know is refused with that
+    command's usage (`numpy-engine grads --checkpoint X` names grads and its flags), not the
+    top-level one argparse would print; exit 2 either way."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:

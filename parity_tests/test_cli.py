@@ -10,7 +10,7 @@ import pytest
 
 from crosscheck.cli import build_parser as crosscheck_parser
 from numpy_engine.cli import build_parser as engine_parser
-from numpy_engine.cli import parse_command
+from numpy_engine.cli_args import parse_command
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -139,12 +139,15 @@ def test_bad_flags_exit_2_with_one_line(args, message):
         (["grads", "--checkpoint", "RUN"], "grads", "--checkpoint RUN"),
         (["train", "copy", "--bogus", "1"], "train", "--bogus 1"),
         (["generate", "--checkpoint", "RUN", "--prompt", "a", "extra"], "generate", "extra"),
+        (["parity", "--checkpoint", "RUN"], "parity", "--checkpoint RUN"),
+        (["bench", "--bogus"], "bench", "--bogus"),
     ],
 )
 def test_an_unknown_flag_is_refused_with_its_commands_usage(args, command, unknown, capsys):
     """The command's own usage and flags, not the top-level list of commands."""
+    parser = crosscheck_parser() if args[0] in ("parity", "bench") else engine_parser()
     with pytest.raises(SystemExit) as exit_status:
-        parse_command(args)
+        parse_command(parser, args)
     err = capsys.readouterr().err
     assert exit_status.value.code == 2 and err.startswith(f"usage: numpy-engine {command} ")
     assert err.endswith(f"numpy-engine {command}: error: unrecognized arguments: {unknown}\n")
