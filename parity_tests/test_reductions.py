@@ -10,7 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numpy_engine import attention as A
-from numpy_engine.memory import keep_freed_memory
+from numpy_engine.memory import CACHE_LINE, aligned_empty, aligned_zeros, keep_freed_memory
+from numpy_engine.models import MiniGPT
+from numpy_engine.optim import AdamW
 from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
 from parity_tests.strategies import seeds
 
@@ -81,6 +83,27 @@ def test_softmax_last_propagates_nan_as_the_textbook_does():
 def test_keep_freed_memory_sets_glibcs_thresholds_where_there_is_glibc():
     on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert keep_freed_memory() is on_glibc  # True: glibc accepted both thresholds
+
+
+@pytest.mark.parametrize("shape", [7, (3, 5), (0,), (2, 0, 4)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_aligned_arrays_start_on_a_cache_line_with_numpys_shape_and_dtype(shape, dtype):
+    for _ in range(8):  # NumPy's own arrays start on a line one time in four
+        empty, zeros = aligned_empty(shape, dtype), aligned_zeros(shape, dtype)
+        for array in (empty, zeros):
+            assert array.shape == np.empty(shape).shape and array.dtype == dtype
+            assert array.flags.c_contiguous and array.flags.writeable
+            # an array of no entries has no data to align (NumPy points it anywhere)
+            assert array.size == 0 or array.ctypes.data % CACHE_LINE == 0
+        assert not zeros.any()
+
+
+def test_the_optimizers_vectors_start_on_cache_lines():
+    """The parameters, moments and scratch the optimizer walks block by block."""
+    model = MiniGPT(MiniGPT.config_class(), seed=0)
+    optimizer = AdamW(model.params)
+    vectors = [model.flat, optimizer.scratch, *optimizer.flat_state.values()]
+    assert [v.ctypes.data % CACHE_LINE for v in vectors] == [0] * 4
 
 
 def test_softmax_backward_takes_a_single_dominant_entry_as_minus_the_others():
