@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
 
+from numpy_engine import loop
 from numpy_engine.train import (
     CharTrainConfig,
     SequenceTrainConfig,
@@ -73,3 +75,26 @@ def test_a_training_config_out_of_range_is_refused_by_name(name, value, words):
     """Refused before any data or weights are drawn (a config from Python, not flags)."""
     with pytest.raises(ValueError, match=f"{name} must be {words}"):
         train_char_lm(CharTrainConfig(**{name: value}), progress_stream=None)
+
+
+def test_progress_prints_every_tenth_and_the_first_and_last_steps_with_speed_and_time_left(
+    monkeypatch,
+):
+    """A run resumed at step 10 of 40 prints its first step (11), every fourth, the last,
+    and any step with an evaluation's text; each line with its loss, its speed since the
+    start, and the time left at that speed."""
+    clock = iter(100.0 + k / 2 for k in range(100))  # half a second a reading
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+    stream = io.StringIO()
+    progress = loop.Progress(40, stream, first_step=10)  # reads 100.0
+    for step in range(11, 41):
+        progress.update(step, loss=1.0 / step, extra="  eval" if step == 13 else "")
+    lines = stream.getvalue().splitlines()
+    printed = [int(line.split()[1].split("/")[0]) for line in lines]
+    assert printed == [11, 12, 13, 16, 20, 24, 28, 32, 36, 40]
+    # only a printed line reads the clock: the n-th one reads 100 + n / 2
+    for n, (step, line) in enumerate(zip(printed, lines, strict=True), start=1):
+        rate = (step - 10) / (n / 2)
+        assert line.startswith(f"step {step:>5}/40  loss {1.0 / step:.4f}  {rate:6.1f} steps/s")
+        assert line.endswith(f"{(40 - step) / rate:5.1f} s left" + "  eval" * (step == 13))
+    loop.Progress(40, None).update(40, 1.0)  # no stream: nothing printed, no error
