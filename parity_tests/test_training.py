@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -98,3 +99,20 @@ def test_progress_prints_every_tenth_and_the_first_and_last_steps_with_speed_and
         assert line.startswith(f"step {step:>5}/40  loss {1.0 / step:.4f}  {rate:6.1f} steps/s")
         assert line.endswith(f"{(40 - step) / rate:5.1f} s left" + "  eval" * (step == 13))
     loop.Progress(40, None).update(40, 1.0)  # no stream: nothing printed, no error
+
+
+LEAST = dict(steps=1, batch_size=1, eval_every=1, context=1, seed=0)
+
+
+@pytest.mark.parametrize("name", sorted(LEAST))
+def test_a_training_configs_counts_are_taken_down_to_their_least_and_no_lower(name):
+    """Each count at its least is a valid run; one less, a float or a bool is refused by
+    name. (A config from Python: the flags are checked as they are parsed.)"""
+    least = SimpleNamespace(**LEAST, lr=1e-3, clip=1.0)
+    loop.check_run_config(least)  # nothing to refuse
+    kind = "a positive" if LEAST[name] else "a non-negative"
+    for bad in (LEAST[name] - 1, float(LEAST[name]), bool(LEAST[name])):
+        with pytest.raises(ValueError, match=f"^{name} must be {kind} int, got {bad!r}$"):
+            loop.check_run_config(SimpleNamespace(**{**vars(least), name: bad}))
+    del least.context  # a sequence task's run has no context: not checked
+    loop.check_run_config(least)
