@@ -3,6 +3,7 @@ damaged files are refused; weights move to PyTorch and back."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -108,6 +109,29 @@ def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_
     kept = load_checkpoint(tmp_path)
     assert kept.meta["step"] == saved
     assert all(np.isfinite(value).all() for value in kept.model.params.values())
+
+
+class NaNLossSeq2Seq(ne.Seq2SeqTransformer):
+    """Returns a NaN loss, with finite gradients, on the 3rd call."""
+
+    calls = 0
+
+    def loss_and_grads(self, *batch):
+        loss, grads = super().loss_and_grads(*batch)
+        type(self).calls += 1
+        return (math.nan if type(self).calls == 3 else loss), grads
+
+
+def test_a_non_finite_loss_stops_training_even_when_the_gradients_are_finite():
+    """The loss is checked on its own: the update would take finite gradients as they are."""
+    NaNLossSeq2Seq.calls = 0
+    model = NaNLossSeq2Seq(ne.Seq2SeqConfig(), seed=7)
+    history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+    state = TrainState(model, Adam(model.params), np.random.default_rng(1), 0, history)
+    stopped = "^step 3: the loss is nan; stopped before updating$"
+    with pytest.raises(TrainingDiverged, match=stopped):
+        train_sequence_task(SequenceTrainConfig(steps=5), None, None, None, state)
+    assert state.step == 2 and history["step"] == [1, 2] and state.optimizer.step_count == 2
 
 
 def test_divergence_on_the_command_line_exits_1_with_one_line(tmp_path):

@@ -68,6 +68,8 @@ def test_bad_training_settings():
     [
         ("seed", -1, "a non-negative int, got -1"),
         ("lr", math.inf, "a positive finite number, got inf"),
+        ("lr", 0.0, "a positive finite number, got 0.0"),
+        ("clip", 0.0, "a positive finite number, got 0.0"),
         ("clip", math.nan, "a positive finite number, got nan"),
         ("context", 0, "a positive int, got 0"),
     ],
