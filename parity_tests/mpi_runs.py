@@ -52,8 +52,11 @@ def copy_run():
 
 
 def train(scenario: str, parallel: DataParallel | None) -> tuple[np.ndarray, list[str]]:
-    """The final flat parameters, and a hash of them after every step."""
+    """The final flat parameters, and a hash of them after every step. Every rank but 0
+    starts from other weights: run_loop gives each rank rank 0's."""
     model, cfg, next_batch = {"gpt": gpt_run, "copy": copy_run}[scenario]()
+    if parallel is not None and parallel.group.rank > 0:
+        model.flat += 1.0
     optimizer = cfg.optimizer(model.params)
     hashes = []
     step = optimizer.step

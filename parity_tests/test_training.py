@@ -6,6 +6,7 @@ import io
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from numpy_engine import loop
@@ -40,6 +41,9 @@ def test_copy_task_at_defaults_reaches_097_exact_match(copy_run):
 def test_copy_history_has_every_step_and_evaluations(copy_run):
     history = copy_run.history
     assert history["step"] == list(range(1, 801)) and len(history["train_loss"]) == 800
+    norms = np.array(history["grad_norm"])  # each step's gradient norm, before clipping
+    assert norms.shape == (800,) and np.isfinite(norms).all() and norms.min() > 0
+    assert norms[:10].mean() > 10 * norms[-10:].mean()  # the gradient shrinks as it learns
     assert [e["step"] for e in history["eval"]] == list(range(100, 801, 100))
     assert history["eval"][-1]["exact_match"] == copy_run.result["exact_match"]
 
