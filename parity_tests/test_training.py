@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -122,3 +123,15 @@ def test_a_training_configs_counts_are_taken_down_to_their_least_and_no_lower(na
             loop.check_run_config(SimpleNamespace(**{**vars(least), name: bad}))
     del least.context  # a sequence task's run has no context: not checked
     loop.check_run_config(least)
+
+
+def test_a_run_reports_the_seconds_it_took_and_its_steps_per_second():
+    start = time.perf_counter()
+    run = train_sequence_task(SequenceTrainConfig(steps=30, eval_every=30), progress_stream=None)
+    elapsed = time.perf_counter() - start
+    result = run.result
+    assert result["resumed_from_step"] == 0 and 0 < result["seconds"] <= elapsed
+    # both rounded: the speed to 0.1 step/s, and seconds to 1 ms, which moves 30 / seconds
+    # by at most 30 * 0.0005 / (s (s - 0.0005)): under twice exact * 0.0005 / s
+    exact, s = 30 / result["seconds"], result["seconds"]
+    assert abs(result["steps_per_second"] - exact) <= 0.05 + 2 * exact * 0.0005 / s
