@@ -102,9 +102,12 @@ def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
 def test_a_run_resumes_on_a_different_number_of_ranks(tmp_path):
     run = tmp_path / "run"
     started = mpiexec(
-        2, *cli("train", "copy", "--data-parallel", "--steps", "20", "--quiet", "--out", str(run))
+        2, *cli("train", "copy", "--data-parallel", "--steps", "20", "--out", str(run))
     )
     assert started.returncode == 0, started.stderr
+    # rank 0 alone prints: each progress line and the result once
+    assert started.stderr.count("step    20/20  loss") == 1, started.stderr
+    assert started.stdout.count('"heldout_loss"') == 1, started.stdout
     alone = subprocess.run(
         [sys.executable, *cli("train", "--resume", str(run), "--steps", "30", "--quiet")],
         capture_output=True,

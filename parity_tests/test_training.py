@@ -10,7 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import numpy_engine as ne
 from numpy_engine import loop
+from numpy_engine.loop import TrainState
+from numpy_engine.optim import Adam
 from numpy_engine.train import (
     CharTrainConfig,
     SequenceTrainConfig,
@@ -125,13 +128,18 @@ def test_a_training_configs_counts_are_taken_down_to_their_least_and_no_lower(na
     loop.check_run_config(least)
 
 
-def test_a_run_reports_the_seconds_it_took_and_its_steps_per_second():
+@pytest.mark.parametrize("first_step", [0, 10])  # a new run, one resumed at step 10
+def test_a_run_reports_the_seconds_it_took_and_its_steps_per_second(first_step):
+    model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=7)
+    history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+    state = TrainState(model, Adam(model.params), np.random.default_rng(1), first_step, history)
+    cfg = SequenceTrainConfig(steps=30, eval_every=30)
     start = time.perf_counter()
-    run = train_sequence_task(SequenceTrainConfig(steps=30, eval_every=30), progress_stream=None)
+    result = train_sequence_task(cfg, None, None, None, state).result
     elapsed = time.perf_counter() - start
-    result = run.result
-    assert result["resumed_from_step"] == 0 and 0 < result["seconds"] <= elapsed
-    # both rounded: the speed to 0.1 step/s, and seconds to 1 ms, which moves 30 / seconds
-    # by at most 30 * 0.0005 / (s (s - 0.0005)): under twice exact * 0.0005 / s
-    exact, s = 30 / result["seconds"], result["seconds"]
+    assert result["resumed_from_step"] == first_step and 0 < result["seconds"] <= elapsed
+    # both rounded: the speed to 0.1 step/s, and seconds to 1 ms, which moves steps / seconds
+    # by at most steps * 0.0005 / (s (s - 0.0005)): under twice exact * 0.0005 / s
+    s = result["seconds"]
+    exact = (30 - first_step) / s
     assert abs(result["steps_per_second"] - exact) <= 0.05 + 2 * exact * 0.0005 / s
