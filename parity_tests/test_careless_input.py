@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+import numpy_engine as ne
 from numpy_engine.checkpoint import load_checkpoint
 
 
@@ -238,3 +239,20 @@ def test_an_engine_bug_surfaces_as_the_bug_it_is(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == (
         "numpy-engine generate: error: --source ids must be symbols 4..11, got [1]"
     )
+
+
+@pytest.mark.parametrize("dtype, itemsize", [("float32", 4), ("float64", 8)])
+def test_a_step_is_refused_exactly_when_its_bytes_exceed_what_is_available(
+    monkeypatch, dtype, itemsize
+):
+    """The kind's count of a step's values, times the bytes of each, against free memory."""
+    from numpy_engine import memory
+    from numpy_engine.loop import check_step_fits
+
+    config = ne.GPTConfig(dtype=dtype)
+    needed = ne.MiniGPT.step_values(config, 8, 32) * itemsize
+    monkeypatch.setattr(memory, "available_bytes", lambda: needed)
+    check_step_fits("a char-lm step", ne.MiniGPT, config, 8, 32)  # just fits
+    monkeypatch.setattr(memory, "available_bytes", lambda: needed - 1)
+    with pytest.raises(ValueError, match=r"^a char-lm step \(256 tokens a step\) would need"):
+        check_step_fits("a char-lm step", ne.MiniGPT, config, 8, 32)

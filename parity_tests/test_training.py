@@ -134,9 +134,10 @@ def test_a_run_reports_the_seconds_it_took_and_its_steps_per_second(first_step):
     history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
     state = TrainState(model, Adam(model.params), np.random.default_rng(1), first_step, history)
     cfg = SequenceTrainConfig(steps=30, eval_every=30)
-    start = time.perf_counter()
-    result = train_sequence_task(cfg, None, None, None, state).result
+    stream, start = io.StringIO(), time.perf_counter()
+    result = train_sequence_task(cfg, None, stream, None, state).result
     elapsed = time.perf_counter() - start
+    assert stream.getvalue().splitlines()[-1].startswith("step    30/30  loss")
     assert result["resumed_from_step"] == first_step and 0 < result["seconds"] <= elapsed
     # printed in the result: to the millisecond, and to a tenth of a step a second
     s, speed = result["seconds"], result["steps_per_second"]
@@ -145,3 +146,19 @@ def test_a_run_reports_the_seconds_it_took_and_its_steps_per_second(first_step):
     # by at most steps * 0.0005 / (s (s - 0.0005)): under twice exact * 0.0005 / s
     exact = (30 - first_step) / s
     assert abs(speed - exact) <= 0.05 + 2 * exact * 0.0005 / s
+
+
+def test_run_loop_takes_the_steps_a_hand_written_loop_takes():
+    """Batch, gradients, clipping at cfg.clip, update, bit for bit: the MPI runs' gpt
+    scenario in one process (its clip of 0.5 is below its gradients' norms)."""
+    from parity_tests.mpi_runs import STEPS, gpt_run, train
+
+    looped, _ = train("gpt", None)
+    model, cfg, next_batch = gpt_run()
+    optimizer, sampler = cfg.optimizer(model.params), np.random.default_rng([7, 1])
+    norms = []
+    for _ in range(STEPS):
+        _, grads = model.loss_and_grads(*next_batch(sampler))
+        norms.append(optimizer.step(model.flat, grads, max_grad_norm=cfg.clip))
+    assert max(norms) > cfg.clip  # so the clip changed the steps
+    assert np.array_equal(looped, model.flat)
