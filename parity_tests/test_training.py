@@ -133,7 +133,7 @@ def test_a_run_reports_the_seconds_it_took_and_its_steps_per_second(first_step):
     model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=7)
     history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
     state = TrainState(model, Adam(model.params), np.random.default_rng(1), first_step, history)
-    cfg = SequenceTrainConfig(steps=30, eval_every=30)
+    cfg = SequenceTrainConfig(steps=30, eval_every=15)  # eval_every: not a step count here
     stream, start = io.StringIO(), time.perf_counter()
     result = train_sequence_task(cfg, None, stream, None, state).result
     elapsed = time.perf_counter() - start
