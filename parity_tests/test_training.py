@@ -109,6 +109,10 @@ def test_progress_prints_every_tenth_and_the_first_and_last_steps_with_speed_and
         assert line.startswith(f"step {step:>5}/40  loss {1.0 / step:.4f}  {rate:6.1f} steps/s")
         assert line.endswith(f"{(40 - step) / rate:5.1f} s left" + "  eval" * (step == 13))
     loop.Progress(40, None).update(40, 1.0)  # no stream: nothing printed, no error
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: 7.0)  # a clock too coarse to move
+    loop.Progress(40, stream).update(1, 2.0)
+    last = stream.getvalue().splitlines()[-1]
+    assert last == "step     1/40  loss 2.0000     inf steps/s    0.0 s left"
 
 
 LEAST = dict(steps=1, batch_size=1, eval_every=1, context=1, seed=0)
