@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import numpy_engine as ne
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.checks import InputError
 from parity_tests.mpi_runs import train
@@ -148,3 +149,50 @@ def test_add_scaled_sums_n_times_each_gradient_and_refuses_one_that_does_not_fit
     with pytest.raises(InputError, match=r"grads\['fc.weight'\] must have shape \(3, 4\)"):
         add_scaled(summed, broadcastable, 1, scratch)
     assert all(np.array_equal(summed[key], expected[key]) for key in grads)  # nothing added
+
+
+def test_micro_batches_give_the_whole_batchs_mean_loss_and_gradient_reusing_one_buffer():
+    """Micro-batches of 2, 1 and 1 rows, one of them with a single counted target: each is
+    weighted by its count of targets. The reduced vector is made once per model (its size
+    and dtype) and reused."""
+    from numpy_engine.parallel import DataParallel, OneProcess
+
+    config = ne.GPTConfig(n_layers=1, dtype="float64")
+    model = ne.MiniGPT(config, seed=0)
+    idx, targets = ne.MiniGPT.example_batch(config, np.random.default_rng(0), 4, 6)
+    targets[2, 1:] = -100  # the third row: one counted target
+    targets[3, 3:] = -100
+    whole_loss, whole_grads = model.loss_and_grads(idx, targets)
+    parallel = DataParallel(OneProcess(), 3)
+    assert not parallel.plain and DataParallel(OneProcess(), 1).plain
+
+    def step(micro):
+        return model.loss_and_grads(*micro)
+
+    loss, grads = parallel.gradient(model, (idx, targets), step)
+    expected = model.flat_grads(whole_grads)
+    assert abs(loss - whole_loss) <= 1e-14 * whole_loss
+    assert np.linalg.norm(grads - expected) <= 1e-14 * np.linalg.norm(expected)
+    again = parallel.gradient(model, (idx, targets), step)[1]
+    assert np.shares_memory(again, grads)  # the same buffer, not a new one a step
+    other = ne.MiniGPT(ne.GPTConfig(n_layers=2, dtype="float32"), seed=0)
+    other_grads = parallel.gradient(other, (idx, targets), lambda m: other.loss_and_grads(*m))[1]
+    assert other_grads.shape == other.flat.shape and other_grads.dtype == np.float32
+    assert not np.shares_memory(other_grads, grads)
+
+
+def test_peer_stopped_carries_its_message_and_status():
+    from numpy_engine.parallel import PeerStopped
+
+    error = PeerStopped("another rank stopped this step", status=3)
+    assert str(error) == "another rank stopped this step" and error.status == 3
+
+
+def test_an_error_every_rank_meets_is_said_once_by_rank_0(tmp_path):
+    """A missing checkpoint: every rank fails alike; rank 0 says it and ends them all, the
+    others wait out a grace instead of saying it too."""
+    missing = tmp_path / "missing"
+    result = mpiexec(2, *cli("train", "--resume", str(missing), "--data-parallel"))
+    assert result.returncode == 2, result.stderr
+    said = f"numpy-engine train: error: checkpoint {missing}/checkpoint.npz: no such file"
+    assert result.stderr.count(said) == 1 and "(on rank" not in result.stderr, result.stderr
