@@ -111,10 +111,28 @@ def disk_full_on_rank_0(out: str) -> int:
     return cli_main([*args, "--checkpoint-every", "5"])
 
 
+def failure_on_rank_1_alone() -> int:
+    """A bug (an unexpected kind of error) on rank 1 alone, outside any step, while rank 0
+    waits in a collective for it."""
+    from numpy_engine.parallel import run_as_rank
+
+    parallel = DataParallel(MPIGroup())
+
+    def body() -> int:
+        if parallel.group.rank == 1:
+            raise RuntimeError("rank 1's own failure")
+        parallel.group.allreduce_sum(np.zeros(1))  # rank 0 waits here for rank 1
+        return 0
+
+    return run_as_rank(parallel, body, "train")
+
+
 def main(argv: list[str]) -> int:
     scenario = argv[0]
     if scenario == "nan":
         return nan_on_rank_1()
+    if scenario == "rank-1-alone":
+        return failure_on_rank_1_alone()
     if scenario == "disk-full":
         return disk_full_on_rank_0(argv[1])
     out, accumulate = argv[1], int(argv[2]) if len(argv) > 2 else 1

@@ -188,6 +188,13 @@ def test_peer_stopped_carries_its_message_and_status():
     assert str(error) == "another rank stopped this step" and error.status == 3
 
 
+def test_a_failure_on_rank_1_alone_is_said_by_rank_1_and_ends_every_rank():
+    result = mpiexec(2, "-m", "parity_tests.mpi_runs", "rank-1-alone", timeout=60)
+    assert result.returncode == 1, result.stderr  # a bug's status: no kind of failure known
+    said = 'numpy-engine train: RuntimeError("rank 1\'s own failure") (on rank 1 alone)'
+    assert result.stderr.count(said) == 1, result.stderr
+
+
 def test_an_error_every_rank_meets_is_said_once_by_rank_0(tmp_path):
     """A missing checkpoint: every rank fails alike; rank 0 says it and ends them all, the
     others wait out a grace instead of saying it too."""
