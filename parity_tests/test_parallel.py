@@ -175,6 +175,10 @@ def test_micro_batches_give_the_whole_batchs_mean_loss_and_gradient_reusing_one_
     assert np.linalg.norm(grads - expected) <= 1e-14 * np.linalg.norm(expected)
     again = parallel.gradient(model, (idx, targets), step)[1]
     assert np.shares_memory(again, grads)  # the same buffer, not a new one a step
+    one = np.full_like(targets, -100)
+    one[2, 0] = targets[2, 0]  # a batch of one counted target: its loss, not an error
+    one_loss = parallel.gradient(model, (idx, one), step)[0]
+    assert abs(one_loss - model.loss_and_grads(idx, one)[0]) <= 1e-14 * one_loss
     other = ne.MiniGPT(ne.GPTConfig(n_layers=2, dtype="float32"), seed=0)
     other_grads = parallel.gradient(other, (idx, targets), lambda m: other.loss_and_grads(*m))[1]
     assert other_grads.shape == other.flat.shape and other_grads.dtype == np.float32
