@@ -166,3 +166,11 @@ def test_run_loop_takes_the_steps_a_hand_written_loop_takes():
         norms.append(optimizer.step(model.flat, grads, max_grad_norm=cfg.clip))
     assert max(norms) > cfg.clip  # so the clip changed the steps
     assert np.array_equal(looped, model.flat)
+
+
+def test_an_examples_ids_end_at_the_first_end_of_sequence_without_padding():
+    """What a result's examples show: a prediction may go on after EOS; that is cut off."""
+    from numpy_engine.train import _strip
+
+    assert _strip(np.array([5, 0, 6, 2, 7, 2, 0])) == [5, 6, 2]  # 0 PAD, 2 EOS
+    assert _strip(np.array([5, 6, 0])) == [5, 6]  # no EOS: every id but padding
