@@ -32,6 +32,13 @@ class TrainState:
     history: dict = field(default_factory=dict)
 
 
+def empty_history(evaluations: bool = True) -> dict[str, list]:
+    """A new run's history: what run_loop records each step, and (a task with a held-out
+    split) each evaluation."""
+    history = {"step": [], "train_loss": [], "grad_norm": []}
+    return history | {"eval": []} if evaluations else history
+
+
 @dataclass
 class TrainRun:
     model: Model

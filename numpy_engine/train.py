@@ -29,6 +29,7 @@ from numpy_engine.loop import (
     TrainState,
     check_run_config,
     check_step_fits,
+    empty_history,
     final_train_loss,
     run_loop,
     run_meta,
@@ -93,7 +94,7 @@ def train_sequence_task(
     )
     if state is None:
         model = Seq2SeqTransformer(model_cfg, seed=cfg.seed)
-        history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+        history = empty_history()
         sampler = np.random.default_rng([cfg.seed, 1])
         state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
 
@@ -168,7 +169,7 @@ def train_char_lm(
     what = f"batch_size={cfg.batch_size} with context={cfg.context}"
     check_step_fits(what, type(model), model.config, cfg.batch_size, cfg.context)
     if state is None:
-        history = {"step": [], "train_loss": [], "grad_norm": []}
+        history = empty_history(evaluations=False)
         sampler = np.random.default_rng([cfg.seed, 1])
         state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 import numpy_engine as ne
 from numpy_engine.configs import CharTrainConfig, SequenceTrainConfig
-from numpy_engine.loop import TrainState, run_loop
+from numpy_engine.loop import TrainState, empty_history, run_loop
 from numpy_engine.parallel import DataParallel, MPIGroup, OneProcess
 from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, sequence_task
 
@@ -67,7 +67,7 @@ def train(scenario: str, parallel: DataParallel | None) -> tuple[np.ndarray, lis
         return norm
 
     optimizer.step = step_and_hash
-    history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+    history = empty_history()
     state = TrainState(model, optimizer, np.random.default_rng([7, 1]), 0, history)
     run_loop(state, cfg, next_batch, None, None, None, lambda s: {}, parallel)
     return model.flat.copy(), hashes

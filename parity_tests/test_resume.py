@@ -17,6 +17,7 @@ import torch
 import numpy_engine as ne
 from crosscheck.convert import tensor
 from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.loop import empty_history
 from numpy_engine.optim import Adam
 from numpy_engine.train import (
     Checkpointing,
@@ -92,7 +93,7 @@ def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_
 
     ExplodingSeq2Seq.calls = 0
     model = ExplodingSeq2Seq(ne.Seq2SeqConfig(), seed=7)
-    history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+    history = empty_history()
     state = TrainState(model, Adam(model.params), np.random.default_rng(1), 0, history)
     cfg = SequenceTrainConfig(steps=20, eval_every=5)
     parallel = accumulate and DataParallel(OneProcess(), accumulate)
@@ -126,7 +127,7 @@ def test_a_non_finite_loss_stops_training_even_when_the_gradients_are_finite():
     """The loss is checked on its own: the update would take finite gradients as they are."""
     NaNLossSeq2Seq.calls = 0
     model = NaNLossSeq2Seq(ne.Seq2SeqConfig(), seed=7)
-    history = {"step": [], "train_loss": [], "grad_norm": [], "eval": []}
+    history = empty_history()
     state = TrainState(model, Adam(model.params), np.random.default_rng(1), 0, history)
     stopped = "^step 3: the loss is nan; stopped before updating$"
     with pytest.raises(TrainingDiverged, match=stopped):
