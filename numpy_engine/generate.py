@@ -7,6 +7,8 @@ the new position through a KV cache; use_cache=False reruns the whole prefix, th
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from numpy_engine import checks
@@ -50,8 +52,9 @@ def _check_count(name: str, value: object, minimum: int) -> None:
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, int | float | np.floating):
         raise InputTypeError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not temperature >= 0:
-        raise InputError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    # inf is refused too: logits / inf are all 0, a uniform draw in which top-k keeps every tie
+    if not 0 <= temperature < math.inf:  # False for NaN too
+        raise InputError(f"temperature must be finite and >= 0 (0 means greedy), got {temperature}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise InputError(f"top_k must be a positive int, got {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float)):

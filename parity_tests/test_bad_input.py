@@ -346,6 +346,7 @@ def not_a_valid_prompt(value) -> bool:
 BAD_SETTINGS = [
     ("temperature", -0.5),
     ("temperature", "hot"),
+    ("temperature", float("inf")),
     ("top_k", 0),
     ("top_k", 2.5),
     ("top_p", 0.0),

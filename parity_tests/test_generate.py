@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -85,7 +87,9 @@ def test_generation_slides_its_context_window_past_max_len():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"temperature": -1.0}, "temperature must be finite and >= 0"),
+        ({"temperature": math.inf}, "temperature must be finite and >= 0"),
+        ({"temperature": math.nan}, "temperature must be finite and >= 0"),
         ({"top_k": 0}, "top_k must be"),
         ({"top_p": 1.5}, "top_p must be in"),
         ({"top_p": 0.0}, "top_p must be in"),
