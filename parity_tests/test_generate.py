@@ -9,6 +9,7 @@ import pytest
 
 import numpy_engine as ne
 from numpy_engine.generate import generate, greedy_decode, next_token_probabilities, sample_next
+from numpy_engine.models.base import RerunDecoder
 from numpy_engine.tasks import EOS, PAD
 
 
@@ -24,6 +25,73 @@ class ScriptedSeq2Seq(ne.Seq2SeqTransformer):
         logits = np.zeros((len(source), decoder_input.shape[1], 12))
         logits[np.arange(len(source)), -1, self.script[:, t]] = 1.0
         return logits, None
+
+
+class ScriptedGPT(ne.MiniGPT):
+    """Continues every prompt of one token with a fixed script per row (the rerun decoder)."""
+
+    def __init__(self, script: np.ndarray, eos_id: int | None) -> None:
+        super().__init__(ne.GPTConfig(n_layers=1, max_len=16, eos_id=eos_id))
+        self.script = script  # (B, steps)
+
+    def decoder(self, prompt, use_cache=True):
+        return RerunDecoder(self, prompt)
+
+    def forward(self, idx):
+        t = idx.shape[1] - 1  # tokens generated so far
+        logits = np.zeros((*idx.shape, self.config.vocab_size))
+        logits[np.arange(len(idx)), -1, self.script[:, t]] = 1.0
+        return logits, None
+
+
+class CountingAppends:
+    """A model's decoder, counting the tokens fed back to it (each a step of the model)."""
+
+    def __init__(self, decoder) -> None:
+        self.decoder, self.appends = decoder, 0
+
+    def next_logits(self):
+        return self.decoder.next_logits()
+
+    def append(self, next_ids) -> None:
+        self.appends += 1
+        self.decoder.append(next_ids)
+
+    @property
+    def ids(self):
+        return self.decoder.ids
+
+
+def counting(model):
+    """model, whose decoder() returns a CountingAppends kept as model.counted."""
+    build = model.decoder
+
+    def decoder(inputs, use_cache=True):
+        model.counted = CountingAppends(build(inputs, use_cache))
+        return model.counted
+
+    model.decoder = decoder
+    return model
+
+
+def test_generate_stops_when_every_row_has_produced_eos_and_repeats_it():
+    script = np.array([[5, 2, 7, 7], [6, 8, 2, 9]])
+    out = generate(ScriptedGPT(script, eos_id=2), np.array([[1], [1]]), max_new_tokens=4)
+    assert out.tolist() == [[1, 5, 2, 2], [1, 6, 8, 2]]  # stopped after the last row's EOS
+    script = np.array([[5, 2, 7, 7], [6, 8, 9, 9]])  # the second row never ends
+    out = generate(ScriptedGPT(script, eos_id=2), np.array([[1], [1]]), max_new_tokens=4)
+    assert out.tolist() == [[1, 5, 2, 2, 2], [1, 6, 8, 9, 9]]
+    out = generate(ScriptedGPT(script, eos_id=None), np.array([[1], [1]]), max_new_tokens=4)
+    assert out.tolist() == [[1, 5, 2, 7, 7], [1, 6, 8, 9, 9]]  # no eos_id: never stops early
+
+
+def test_decoding_runs_no_step_after_the_last_token():
+    """n new tokens feed n - 1 of them back: the last one needs no logits after it."""
+    gpt = counting(ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0))
+    assert generate(gpt, np.array([1, 4]), 5).shape == (1, 7) and gpt.counted.appends == 4
+    copier = counting(ScriptedSeq2Seq(np.full((1, 6), 5)))  # never emits EOS
+    assert greedy_decode(copier, np.array([[4, 5]]), 5, use_cache=False).shape == (1, 5)
+    assert copier.counted.appends == 4
 
 
 def test_greedy_decode_stops_at_eos_and_pads_finished_rows():
