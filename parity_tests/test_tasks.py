@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from numpy_engine.configs import REFERENCE_RUNS
 from numpy_engine.tasks import (
     BOS,
     DEFAULT_TEXT,
     EOS,
     PAD,
     CharCorpus,
+    Corpus,
     read_text,
     sequence_task,
 )
@@ -49,6 +51,8 @@ def test_reverse_reverses_the_targets_on_the_same_split():
 
 
 def test_the_split_depends_on_the_seed():
+    trained_on = sequence_task("copy", seed=REFERENCE_RUNS["copy"].seed)
+    assert rows(sequence_task("copy").test) == rows(trained_on.test)  # the default: train copy's
     assert rows(sequence_task(seed=1).test) != rows(sequence_task(seed=2).test)
     with pytest.raises(ValueError, match="task must be 'copy' or 'reverse'"):
         sequence_task("sort")
@@ -75,3 +79,26 @@ def test_char_corpus_errors(tmp_path):
         read_text(tmp_path / "empty.txt")
     with pytest.raises(ValueError, match="missing.txt: cannot read it"):
         read_text(tmp_path / "missing.txt")
+
+
+def ids_corpus(n: int) -> Corpus:
+    corpus = Corpus()
+    corpus.ids = np.arange(n)
+    return corpus
+
+
+def test_windows_reach_both_ends_of_the_text():
+    """The shortest text a context takes has one window, the whole text; a window may start
+    at the first token and end at the last."""
+    idx, targets = ids_corpus(9).batch(np.random.default_rng(0), batch_size=3, context=8)
+    assert idx.tolist() == [list(range(8))] * 3 and targets.tolist() == [list(range(1, 9))] * 3
+    idx, targets = ids_corpus(10).batch(np.random.default_rng(0), batch_size=64, context=8)
+    assert sorted(set(idx[:, 0].tolist())) == [0, 1] and targets.max() == 9
+    with pytest.raises(ValueError, match="the text has 8 tokens; a context of 8 needs at least 9"):
+        ids_corpus(8).batch(np.random.default_rng(0), 2, 8)
+
+
+def test_a_char_corpus_needs_two_characters():
+    assert CharCorpus("ab").ids.tolist() == [0, 1]  # one (input, next) pair
+    with pytest.raises(ValueError, match="text must have at least 2 characters, got 1"):
+        CharCorpus("a")
