@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,11 +13,15 @@ import pytest
 
 import numpy_engine as ne
 from numpy_engine import loop
+from numpy_engine.generate import greedy_decode
 from numpy_engine.loop import TrainState, empty_history
 from numpy_engine.optim import Adam
+from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, sequence_task
 from numpy_engine.train import (
     CharTrainConfig,
     SequenceTrainConfig,
+    _strip,
+    save_run,
     train_char_lm,
     train_sequence_task,
 )
@@ -171,7 +176,70 @@ def test_run_loop_takes_the_steps_a_hand_written_loop_takes():
 
 def test_an_examples_ids_end_at_the_first_end_of_sequence_without_padding():
     """What a result's examples show: a prediction may go on after EOS; that is cut off."""
-    from numpy_engine.train import _strip
 
     assert _strip(np.array([5, 0, 6, 2, 7, 2, 0])) == [5, 6, 2]  # 0 PAD, 2 EOS
     assert _strip(np.array([5, 6, 0])) == [5, 6]  # no EOS: every id but padding
+
+
+def test_a_copy_run_takes_the_steps_a_hand_written_loop_takes():
+    """The split and the weights from the run's seed, batches drawn from every training row,
+    Adam with the run's clip, then evaluated on the held-out rows: bit for bit."""
+    cfg = SequenceTrainConfig(task="reverse", steps=6, seed=3, batch_size=8, eval_every=6)
+    run = train_sequence_task(cfg, progress_stream=None)
+    task = sequence_task("reverse", seed=3)
+    model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=3)
+    optimizer, sampler = Adam(model.params, lr=cfg.lr), np.random.default_rng([3, 1])
+    losses = []
+    for _ in range(cfg.steps):
+        rows = sampler.integers(0, len(task.train), size=cfg.batch_size)
+        loss, grads = model.loss_and_grads(*task.train.take(rows))
+        optimizer.step(model.flat, grads, max_grad_norm=cfg.clip)
+        losses.append(loss)
+    assert np.array_equal(run.model.flat, model.flat)
+    assert run.result["initial_train_loss"] == losses[0]
+    assert (run.result["task"], run.result["seed"]) == ("reverse", 3)
+    assert run.result["heldout_loss"] == model.loss(*task.test.take(slice(None)))
+    sources = [[int(t) for t in row if t] for row in task.test.source[:3]]  # PAD is 0
+    assert [example["source"] for example in run.result["examples"]] == sources
+    generated = greedy_decode(model, task.test.source[:3], max_new_tokens=4)
+    examples = run.result["examples"]  # _strip: tested on its own, below
+    assert [example["generated"] for example in examples] == [_strip(ids) for ids in generated]
+
+
+def test_a_language_model_run_takes_the_steps_a_hand_written_loop_takes():
+    """A MiniGPT from the run's seed over the text's characters, windows drawn by the run's
+    sampler, AdamW with its clip; then a greedy sample of 60 characters from "to "."""
+    cfg = CharTrainConfig(steps=4, seed=5, batch_size=6, context=12, eval_every=4)
+    run = train_char_lm(cfg, progress_stream=None)
+    corpus = CharCorpus(DEFAULT_TEXT)
+    model = ne.MiniGPT(ne.GPTConfig(corpus.vocab_size, max_len=12), seed=5)
+    optimizer, sampler = cfg.optimizer(model.params), np.random.default_rng([5, 1])
+    losses = []
+    for _ in range(cfg.steps):
+        loss, grads = model.loss_and_grads(*corpus.batch(sampler, 6, 12))
+        optimizer.step(model.flat, grads, max_grad_norm=cfg.clip)
+        losses.append(loss)
+    assert np.array_equal(run.model.flat, model.flat) and run.history["train_loss"] == losses
+    assert run.result["initial_train_loss"] == losses[0]
+    assert (run.result["task"], run.result["seed"], run.result["prompt"]) == ("char-lm", 5, "to ")
+    assert len(run.result["greedy_sample"]) == 3 + 60
+
+
+def test_a_language_model_run_samples_from_its_prompt_and_refuses_what_does_not_fit():
+    cfg = CharTrainConfig(steps=2, eval_every=2, prompt="be")
+    run = train_char_lm(cfg, progress_stream=None)
+    assert run.result["prompt"] == "be" and run.result["greedy_sample"].startswith("be")
+    with pytest.raises(ValueError, match=r"batch_size=10000000 with context=32 \(320,000,000"):
+        train_char_lm(CharTrainConfig(batch_size=10**7), progress_stream=None)
+
+
+def test_fine_tuning_starts_from_the_checkpoints_weights_and_refuses_a_longer_context(tmp_path):
+    start = train_char_lm(CharTrainConfig(steps=2, eval_every=2, context=8), progress_stream=None)
+    save_run(start, tmp_path / "start")
+    cfg = CharTrainConfig(steps=3, eval_every=3, context=8, init=str(tmp_path / "start"))
+    tuned = train_char_lm(cfg, progress_stream=None)
+    first_batch = CharCorpus(DEFAULT_TEXT).batch(np.random.default_rng([7, 1]), 32, 8)
+    assert tuned.history["train_loss"][0] == start.model.loss(*first_batch)
+    cfg = replace(cfg, context=16)
+    with pytest.raises(ValueError, match="context=16 is longer than the model's 8"):
+        train_char_lm(cfg, progress_stream=None)
