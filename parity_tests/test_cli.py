@@ -10,6 +10,7 @@ import pytest
 
 from crosscheck.cli import build_parser as crosscheck_parser
 from numpy_engine.cli import build_parser as engine_parser
+from numpy_engine.cli import main as engine_main
 from numpy_engine.cli_args import parse_command
 
 
@@ -200,3 +201,48 @@ def test_torch_commands_without_torch_name_the_extra():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 2 and "install the test extra" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--checkpoint-every", "5"], "--checkpoint-every needs --out DIR"),
+        (["--plot"], "--plot needs --out DIR"),
+        (["--resume", "RUN"], "--resume continues a saved run: give no TASK with it"),
+    ],
+)
+def test_a_train_flag_without_its_companion_is_refused_before_training(args, message, capsys):
+    assert engine_main(["train", "copy", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"numpy-engine train: error: {message}") and err.count("\n") == 1
+
+
+def test_train_needs_a_task_or_a_run_to_resume(capsys):
+    assert engine_main(["train"]) == 2
+    assert "give a TASK (copy, reverse, char-lm, lm) or --resume DIR" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing it now fails
+    assert engine_main(["train", "copy", "--plot", "--out", str(tmp_path / "run")]) == 2
+    assert "install the plot extra" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # no step was taken
+
+
+def test_only_plot_draws_a_picture_and_a_run_without_out_writes_nothing(tmp_path, capsys):
+    """--quiet, --checkpoint-every and --resume ask for no picture; without --out a run
+    only prints its result."""
+    out = tmp_path / "run"
+    steps = ["--steps", "2", "--eval-every", "2", "--quiet"]
+    assert engine_main(["train", "copy", *steps, "--out", str(out), "--checkpoint-every", "1"]) == 0
+    assert "plot" not in json.loads(capsys.readouterr().out)
+    assert engine_main(["train", "--resume", str(out), "--steps", "3", "--quiet"]) == 0
+    assert "plot" not in json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint.npz",
+        "history.json",
+        "result.json",
+    ]
+    assert engine_main(["train", "copy", *steps]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
