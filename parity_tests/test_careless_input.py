@@ -12,6 +12,9 @@ import pytest
 
 import numpy_engine as ne
 from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.cli import main
+from numpy_engine.generate import generate
+from numpy_engine.tasks import corpus_from_meta
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -256,3 +259,21 @@ def test_a_step_is_refused_exactly_when_its_bytes_exceed_what_is_available(
     monkeypatch.setattr(memory, "available_bytes", lambda: needed - 1)
     with pytest.raises(ValueError, match=r"^a char-lm step \(256 tokens a step\) would need"):
         check_step_fits("a char-lm step", ne.MiniGPT, config, 8, 32)
+
+
+@pytest.mark.parametrize(
+    "flags, sampling",
+    [
+        ([], dict(temperature=0.0)),  # no flag: greedy
+        (["--top-p", "0.5", "--seed", "3"], dict(temperature=1.0, top_p=0.5, seed=3)),
+        (["--top-k", "4"], dict(temperature=1.0, top_k=4)),
+        (["--temperature", "0.7"], dict(temperature=0.7)),
+    ],
+)
+def test_generates_flags_are_the_librarys_sampling_settings(char_run, flags, sampling, capsys):
+    run = ["generate", "--checkpoint", str(char_run), "--prompt", "to ", "--max-new-tokens", "30"]
+    assert main([*run, *flags]) == 0
+    checkpoint = load_checkpoint(char_run)
+    corpus = corpus_from_meta(checkpoint.meta)
+    ids = generate(checkpoint.model, corpus.encode("to "), 30, **sampling)
+    assert capsys.readouterr().out == corpus.decode(ids[0]) + "\n"
