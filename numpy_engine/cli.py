@@ -348,8 +348,6 @@ def _generate_sequence(args: argparse.Namespace, checkpoint) -> int:
     max_new = args.max_new_tokens or source.shape[1] + 1  # the symbols, then EOS
     generated = greedy_decode(model, source, max_new, not args.no_cache)[0]
     shown = [int(i) for i in generated if i != cfg.pad_id]  # greedy_decode pads after EOS
-    if cfg.eos_id in shown:
-        shown = shown[: shown.index(cfg.eos_id) + 1]
     print(" ".join(map(str, shown)))
     return 0
 

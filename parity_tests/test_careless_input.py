@@ -277,3 +277,13 @@ def test_generates_flags_are_the_librarys_sampling_settings(char_run, flags, sam
     corpus = corpus_from_meta(checkpoint.meta)
     ids = generate(checkpoint.model, corpus.encode("to "), 30, **sampling)
     assert capsys.readouterr().out == corpus.decode(ids[0]) + "\n"
+
+
+def test_generate_from_a_prompt_takes_80_tokens_by_default_and_a_one_token_prompt(char_run, capsys):
+    run = ["generate", "--checkpoint", str(char_run)]
+    assert main([*run, "--prompt", "t"]) == 0  # one token is a prompt
+    assert len(capsys.readouterr().out) == 1 + 80 + 1  # the prompt, 80 new, a newline
+    assert main([*run, "--prompt", ""]) == 2
+    assert "--prompt is empty" in capsys.readouterr().err
+    assert main([*run, "--source", "4"]) == 2
+    assert "a language-model checkpoint: give --prompt, not --source" in capsys.readouterr().err

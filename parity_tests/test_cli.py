@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from crosscheck.cli import build_parser as crosscheck_parser
+from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import build_parser as engine_parser
 from numpy_engine.cli import main as engine_main
 from numpy_engine.cli_args import parse_command
+from numpy_engine.generate import greedy_decode
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -251,3 +254,36 @@ def test_only_plot_draws_a_picture_and_a_run_without_out_writes_nothing(tmp_path
     assert engine_main([*resume, "--steps", "4", "--plot"]) == 0  # into the resumed run's
     assert json.loads(capsys.readouterr().out)["plot"] == str(out / "loss.png")
     assert (out / "loss.png").stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def untrained_copy(tmp_path_factory):
+    """A copy checkpoint of one step: its greedy output does not stop at EOS early."""
+    out = tmp_path_factory.mktemp("untrained")
+    assert engine_main(["train", "copy", "--steps", "1", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("flags, max_new", [([], 4), (["--max-new-tokens", "2"], 2)])
+def test_generate_from_a_source_is_the_librarys_greedy_decode(
+    untrained_copy, flags, max_new, capsys
+):
+    """As many tokens as the source has symbols, and EOS, unless --max-new-tokens says."""
+    capsys.readouterr()
+    assert (
+        engine_main(
+            ["generate", "--checkpoint", str(untrained_copy), "--source", "4", "7", "9", *flags]
+        )
+        == 0
+    )
+    model = load_checkpoint(untrained_copy).model
+    generated = greedy_decode(model, np.array([[4, 7, 9]]), max_new)[0]
+    assert (generated != 0).all()  # no EOS before the end, so no padding: all max_new shown
+    assert capsys.readouterr().out == " ".join(map(str, generated)) + "\n"
+
+
+@pytest.mark.parametrize("flag", [["--temperature", "1"], ["--top-k", "2"], ["--top-p", "0.5"]])
+def test_each_sampling_flag_is_refused_for_a_copy_checkpoint(untrained_copy, flag, capsys):
+    run = ["generate", "--checkpoint", str(untrained_copy), "--source", "4", *flag]
+    assert engine_main(run) == 2
+    assert "are for char-lm checkpoints; copy/reverse decode greedily" in capsys.readouterr().err
