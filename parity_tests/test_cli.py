@@ -236,24 +236,25 @@ def test_plot_without_matplotlib_is_refused_before_training(tmp_path, monkeypatc
 def test_only_plot_draws_a_picture_and_a_run_without_out_writes_nothing(tmp_path, capsys):
     """--quiet, --checkpoint-every and --resume draw no picture; --plot draws loss.png into
     the run's directory, a resumed run's too; without --out a run only prints its result."""
-    out = tmp_path / "run"
-    steps = ["--steps", "2", "--eval-every", "2", "--quiet"]
+    out, drawn = tmp_path / "run", tmp_path / "drawn"
+    steps = ["--steps", "2", "--eval-every", "2"]
     assert engine_main(["train", "copy", *steps, "--out", str(out), "--checkpoint-every", "1"]) == 0
     assert "plot" not in json.loads(capsys.readouterr().out)
-    resume = ["train", "--resume", str(out), "--quiet", "--checkpoint-every", "1"]
-    assert engine_main([*resume, "--steps", "3"]) == 0  # the checkpoints go to the run's own
+    resume = ["train", "--resume", str(out)]
+    assert engine_main([*resume, "--steps", "3", "--checkpoint-every", "1"]) == 0  # into out
     assert "plot" not in json.loads(capsys.readouterr().out)
     assert sorted(p.name for p in out.iterdir()) == [
         "checkpoint.npz",
         "history.json",
         "result.json",
     ]
-    assert engine_main(["train", "copy", *steps]) == 0
+    assert engine_main(["train", "copy", *steps, "--quiet"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     capsys.readouterr()
     assert engine_main([*resume, "--steps", "4", "--plot"]) == 0  # into the resumed run's
     assert json.loads(capsys.readouterr().out)["plot"] == str(out / "loss.png")
-    assert (out / "loss.png").stat().st_size > 0
+    assert engine_main(["train", "copy", *steps, "--out", str(drawn), "--plot"]) == 0
+    assert (out / "loss.png").stat().st_size > 0 and (drawn / "loss.png").stat().st_size > 0
 
 
 @pytest.fixture(scope="module")
