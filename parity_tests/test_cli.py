@@ -288,3 +288,13 @@ def test_each_sampling_flag_is_refused_for_a_copy_checkpoint(untrained_copy, fla
     run = ["generate", "--checkpoint", str(untrained_copy), "--source", "4", *flag]
     assert engine_main(run) == 2
     assert "are for char-lm checkpoints; copy/reverse decode greedily" in capsys.readouterr().err
+
+
+def test_flags_at_the_edge_of_their_range(capsys):
+    """A seed of 0 and the least --entries are taken; a learning rate of 0 is refused."""
+    parse = engine_parser().parse_args
+    assert parse(["train", "copy", "--seed", "0"]).seed == 0
+    assert parse(["grads", "--entries", "1"]).entries == 1
+    with pytest.raises(SystemExit):
+        parse(["train", "copy", "--lr", "0"])
+    assert "--lr: must be a positive finite number, got 0" in capsys.readouterr().err
