@@ -15,6 +15,8 @@ from numpy_engine.cli import build_parser as engine_parser
 from numpy_engine.cli import main as engine_main
 from numpy_engine.cli_args import parse_command
 from numpy_engine.generate import greedy_decode
+from numpy_engine.parallel import DataParallel, OneProcess
+from numpy_engine.train import SequenceTrainConfig, train_sequence_task
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -298,3 +300,17 @@ def test_flags_at_the_edge_of_their_range(capsys):
     with pytest.raises(SystemExit):
         parse(["train", "copy", "--lr", "0"])
     assert "--lr: must be a positive finite number, got 0" in capsys.readouterr().err
+
+
+def test_accumulate_without_data_parallel_trains_in_micro_batches(tmp_path):
+    """--accumulate alone takes the micro-batch path in one process, as the library does."""
+    steps = ["--steps", "3", "--eval-every", "3", "--quiet"]
+    accumulated, plain = tmp_path / "accumulated", tmp_path / "plain"
+    assert (
+        engine_main(["train", "copy", *steps, "--accumulate", "2", "--out", str(accumulated)]) == 0
+    )
+    assert engine_main(["train", "copy", *steps, "--out", str(plain)]) == 0
+    cfg = SequenceTrainConfig(steps=3, eval_every=3)
+    run = train_sequence_task(cfg, progress_stream=None, parallel=DataParallel(OneProcess(), 2))
+    assert np.array_equal(load_checkpoint(accumulated).model.flat, run.model.flat)
+    assert not np.array_equal(load_checkpoint(plain).model.flat, run.model.flat)  # another path
