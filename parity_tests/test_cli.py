@@ -18,6 +18,8 @@ from numpy_engine.generate import greedy_decode
 from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.train import SequenceTrainConfig, train_sequence_task
 
+RUN_FILES = ["checkpoint.npz", "history.json", "result.json"]  # what --out DIR holds
+
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -78,11 +80,7 @@ def test_train_prints_progress_and_a_json_result(copy_dir):
         "examples",
     ):
         assert key in summary
-    assert sorted(p.name for p in out.iterdir()) == [
-        "checkpoint.npz",
-        "history.json",
-        "result.json",
-    ]
+    assert sorted(p.name for p in out.iterdir()) == RUN_FILES
     assert json.loads((out / "result.json").read_text())["steps"] == 60
     assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 60
 
@@ -245,11 +243,7 @@ def test_only_plot_draws_a_picture_and_a_run_without_out_writes_nothing(tmp_path
     resume = ["train", "--resume", str(out)]
     assert engine_main([*resume, "--steps", "3", "--checkpoint-every", "1"]) == 0  # into out
     assert "plot" not in json.loads(capsys.readouterr().out)
-    assert sorted(p.name for p in out.iterdir()) == [
-        "checkpoint.npz",
-        "history.json",
-        "result.json",
-    ]
+    assert sorted(p.name for p in out.iterdir()) == RUN_FILES
     assert engine_main(["train", "copy", *steps, "--quiet"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     capsys.readouterr()

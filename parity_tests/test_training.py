@@ -165,45 +165,48 @@ def test_run_loop_takes_the_steps_a_hand_written_loop_takes():
 
     looped, _ = train("gpt", None)
     model, cfg, next_batch = gpt_run()
-    optimizer, sampler = cfg.optimizer(model.params), np.random.default_rng([7, 1])
-    norms = []
-    for _ in range(STEPS):
-        _, grads = model.loss_and_grads(*next_batch(sampler))
-        norms.append(optimizer.step(model.flat, grads, max_grad_norm=cfg.clip))
+    _, norms = hand_written_steps(model, cfg, next_batch, np.random.default_rng([7, 1]), STEPS)
     assert max(norms) > cfg.clip  # so the clip changed the steps
     assert np.array_equal(looped, model.flat)
 
 
+def hand_written_steps(model, cfg, next_batch, sampler, steps: int) -> tuple[list, list]:
+    """A training loop written out: batch, gradients, clipping at cfg.clip, cfg's optimizer
+    updating model.flat in place. Returns each step's loss and gradient norm."""
+    optimizer, losses, norms = cfg.optimizer(model.params), [], []
+    for _ in range(steps):
+        loss, grads = model.loss_and_grads(*next_batch(sampler))
+        norms.append(optimizer.step(model.flat, grads, max_grad_norm=cfg.clip))
+        losses.append(loss)
+    return losses, norms
+
+
 def test_an_examples_ids_end_at_the_first_end_of_sequence_without_padding():
     """What a result's examples show: a prediction may go on after EOS; that is cut off."""
-
     assert _strip(np.array([5, 0, 6, 2, 7, 2, 0])) == [5, 6, 2]  # 0 PAD, 2 EOS
     assert _strip(np.array([5, 6, 0])) == [5, 6]  # no EOS: every id but padding
 
 
-def test_a_copy_run_takes_the_steps_a_hand_written_loop_takes():
-    """The split and the weights from the run's seed, batches drawn from every training row,
-    Adam with the run's clip, then evaluated on the held-out rows: bit for bit."""
+def test_a_sequence_run_takes_the_steps_a_hand_written_loop_takes():
+    """A reverse run: the split and the weights from the run's seed, batches drawn from every
+    training row, Adam with the run's clip, then evaluated on the held-out rows: bit for bit."""
     cfg = SequenceTrainConfig(task="reverse", steps=6, seed=3, batch_size=8, eval_every=6)
     run = train_sequence_task(cfg, progress_stream=None)
     task = sequence_task("reverse", seed=3)
     model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=3)
-    optimizer, sampler = Adam(model.params, lr=cfg.lr), np.random.default_rng([3, 1])
-    losses = []
-    for _ in range(cfg.steps):
-        rows = sampler.integers(0, len(task.train), size=cfg.batch_size)
-        loss, grads = model.loss_and_grads(*task.train.take(rows))
-        optimizer.step(model.flat, grads, max_grad_norm=cfg.clip)
-        losses.append(loss)
+
+    def next_batch(sampler):
+        return task.train.take(sampler.integers(0, len(task.train), size=cfg.batch_size))
+
+    losses, _ = hand_written_steps(model, cfg, next_batch, np.random.default_rng([3, 1]), 6)
     assert np.array_equal(run.model.flat, model.flat)
     assert run.result["initial_train_loss"] == losses[0]
     assert (run.result["task"], run.result["seed"]) == ("reverse", 3)
     assert run.result["heldout_loss"] == model.loss(*task.test.take(slice(None)))
-    sources = [[int(t) for t in row if t] for row in task.test.source[:3]]  # PAD is 0
-    assert [example["source"] for example in run.result["examples"]] == sources
+    examples = run.result["examples"]  # _strip: tested on its own, above
+    assert [example["source"] for example in examples] == list(map(_strip, task.test.source[:3]))
     generated = greedy_decode(model, task.test.source[:3], max_new_tokens=4)
-    examples = run.result["examples"]  # _strip: tested on its own, below
-    assert [example["generated"] for example in examples] == [_strip(ids) for ids in generated]
+    assert [example["generated"] for example in examples] == list(map(_strip, generated))
 
 
 def test_a_language_model_run_takes_the_steps_a_hand_written_loop_takes():
@@ -213,12 +216,11 @@ def test_a_language_model_run_takes_the_steps_a_hand_written_loop_takes():
     run = train_char_lm(cfg, progress_stream=None)
     corpus = CharCorpus(DEFAULT_TEXT)
     model = ne.MiniGPT(ne.GPTConfig(corpus.vocab_size, max_len=12), seed=5)
-    optimizer, sampler = cfg.optimizer(model.params), np.random.default_rng([5, 1])
-    losses = []
-    for _ in range(cfg.steps):
-        loss, grads = model.loss_and_grads(*corpus.batch(sampler, 6, 12))
-        optimizer.step(model.flat, grads, max_grad_norm=cfg.clip)
-        losses.append(loss)
+
+    def next_batch(sampler):
+        return corpus.batch(sampler, 6, 12)
+
+    losses, _ = hand_written_steps(model, cfg, next_batch, np.random.default_rng([5, 1]), 4)
     assert np.array_equal(run.model.flat, model.flat) and run.history["train_loss"] == losses
     assert run.result["initial_train_loss"] == losses[0]
     assert (run.result["task"], run.result["seed"], run.result["prompt"]) == ("char-lm", 5, "to ")
