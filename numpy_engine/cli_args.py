@@ -132,6 +132,17 @@ def failure(command: str, error: BaseException) -> tuple[str | None, int | None]
     return None, None
 
 
+def id_ranges(ids: list[int]) -> str:
+    """Sorted ids as runs: [0, 1, 2, 4, 6, 7] -> '0..2, 4, 6..7'."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1][-1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+
+
 def source_ids(source: list[int] | None, checkpoint) -> np.ndarray:
     """--source as a (1, S) batch for a copy/reverse checkpoint: symbols only, the model adds
     PAD, BOS and EOS itself; a copy or reverse run's model knows the task's symbols (4..11,
@@ -146,7 +157,7 @@ def source_ids(source: list[int] | None, checkpoint) -> np.ndarray:
     if outside:
         whose = f"the {task} task's " if trained_on_task else ""
         raise InputError(
-            f"--source ids must be {whose}symbols {symbols[0]}..{symbols[-1]}, got {outside} "
+            f"--source ids must be {whose}symbols {id_ranges(symbols)}, got {outside} "
             f"({', '.join(map(str, specials))} are PAD, BOS and EOS; the model adds them itself)"
         )
     if trained_on_task and len(source) > MAX_SEQUENCE_LENGTH:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import numpy_engine as ne
-from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import main
-from numpy_engine.generate import generate
+from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.tasks import corpus_from_meta
 
 
@@ -151,6 +151,36 @@ def test_generate_notes_a_source_longer_than_the_task_taught(short_copy):
     assert short.returncode == 0 and short.stderr == ""  # within the task: no note
 
 
+def test_a_checkpoint_of_no_task_takes_every_id_but_its_special_ones(tmp_path, capsys):
+    """A copy-kind model not trained here (one imported from PyTorch, say) reads any id of its
+    vocabulary but PAD, BOS and EOS, wherever they are, in sources of any length, no note."""
+    cfg = ne.Seq2SeqConfig(vocab_size=10, pad_id=3, bos_id=7, eos_id=5)
+    model = ne.Seq2SeqTransformer(cfg, seed=0)
+    run = ["generate", "--checkpoint", str(save_checkpoint(tmp_path / "m.npz", model)), "--source"]
+    source = [0, 1, 2, 4, 6, 8, 9, 9]
+    assert main([*run, *map(str, source)]) == 0
+    out, err = capsys.readouterr()
+    decoded = greedy_decode(model, np.array([source]), len(source) + 1)[0]
+    assert out.split() == [str(i) for i in decoded if i != cfg.pad_id] and err == ""
+    assert main([*run, "4", "3", "7", "5", "10"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "numpy-engine generate: error: --source ids must be symbols 0..2, 4, 6, 8..9, "
+        "got [3, 7, 5, 10] (3, 7, 5 are PAD, BOS and EOS; the model adds them itself)"
+    )
+
+
+def test_output_into_a_closed_pipe_ends_quietly_with_status_1(short_copy):
+    """As Unix tools do when a reader like `head` stops: no traceback, and status 1, not the
+    2 of bad input."""
+    command = [sys.executable, "-m", "numpy_engine", "generate", "--checkpoint", str(short_copy)]
+    unread = subprocess.Popen(
+        [*command, "--source", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    unread.stdout.close()  # no reader: the first write meets a broken pipe
+    with unread.stderr:
+        assert unread.wait(timeout=300) == 1 and unread.stderr.read() == ""
+
+
 def test_generate_prints_no_padding(short_copy):
     result = run_cli("generate", "--checkpoint", str(short_copy), "--source", "5")
     assert result.returncode == 0, result.stderr
@@ -242,6 +272,24 @@ def test_an_engine_bug_surfaces_as_the_bug_it_is(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == (
         "numpy-engine generate: error: --source ids must be symbols 4..11, got [1]"
     )
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (FloatingPointError("overflow encountered in matmul"), "numerical error: overflow"),
+        (MemoryError("a step needs 9.1 GB"), "out of memory: a step needs 9.1 GB"),
+    ],
+)
+def test_a_run_that_stops_exits_1_where_bad_input_exits_2(monkeypatch, capsys, error, said):
+    import numpy_engine.cli as cli
+
+    def stops(args):
+        raise error
+
+    monkeypatch.setattr(cli, "run_generate", stops)
+    assert cli.main(["generate", "--checkpoint", "unused", "--source", "4"]) == 1
+    assert capsys.readouterr().err.startswith(f"numpy-engine generate: stopped: {said}")
 
 
 @pytest.mark.parametrize("dtype, itemsize", [("float32", 4), ("float64", 8)])

@@ -296,6 +296,24 @@ def test_flags_at_the_edge_of_their_range(capsys):
     assert "--lr: must be a positive finite number, got 0" in capsys.readouterr().err
 
 
+def test_a_resumed_run_saves_a_checkpoint_every_n_steps(tmp_path, monkeypatch):
+    import numpy_engine.loop as loop
+
+    out = str(tmp_path / "run")
+    first = ["train", "copy", "--steps", "4", "--eval-every", "4", "--quiet", "--out", out]
+    assert engine_main(first) == 0
+    saved, save = [], loop.save_checkpoint
+
+    def recorded(path, model, optimizer_state, meta):
+        saved.append(meta["step"])
+        return save(path, model, optimizer_state, meta)
+
+    monkeypatch.setattr(loop, "save_checkpoint", recorded)  # the saves during a run
+    resume = ["train", "--resume", out, "--steps", "10", "--checkpoint-every", "3", "--quiet"]
+    assert engine_main(resume) == 0
+    assert saved == [6, 9] and load_checkpoint(out).meta["step"] == 10
+
+
 def test_accumulate_without_data_parallel_trains_in_micro_batches(tmp_path):
     """--accumulate alone takes the micro-batch path in one process, as the library does."""
     steps = ["--steps", "3", "--eval-every", "3", "--quiet"]

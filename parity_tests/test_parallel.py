@@ -19,6 +19,7 @@ import pytest
 import numpy_engine as ne
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.checks import InputError
+from numpy_engine.train import SequenceTrainConfig, train_sequence_task
 from parity_tests.mpi_runs import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,16 @@ def test_accumulated_micro_batches_train_what_one_batch_trains(accumulate):
     one, _ = train("gpt", None)
     accumulated, _ = train("gpt", DataParallel(OneProcess(), accumulate))
     assert np.linalg.norm(accumulated - one) <= 1e-12 * np.linalg.norm(one)
+
+
+def test_data_parallel_alone_takes_one_micro_batch_a_rank(tmp_path):
+    """Without --accumulate, one rank trains the plain run's very bits."""
+    run = tmp_path / "run"
+    steps = ["--steps", "3", "--eval-every", "3", "--quiet", "--out", str(run)]
+    result = mpiexec(1, *cli("train", "copy", "--data-parallel", *steps))
+    assert result.returncode == 0, result.stderr
+    plain = train_sequence_task(SequenceTrainConfig(steps=3, eval_every=3), progress_stream=None)
+    assert np.array_equal(load_checkpoint(run).model.flat, plain.model.flat)
 
 
 def test_a_nan_on_rank_1_stops_both_ranks_with_one_message():
