@@ -1,0 +1,193 @@
+"""The finite-difference witness itself (numpy_engine/gradcheck.py), on functions whose
+derivatives are known exactly: a checker that passed a wrong gradient, or failed a right
+one, would make every test built on it say nothing."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from numpy_engine.checks import InputError, InputTypeError
+from numpy_engine.gradcheck import (
+    check_directions,
+    check_gradient,
+    directional_derivative,
+    noise_floor,
+    numerical_gradient,
+    relative_error,
+    rounding_noise,
+    sample_indices,
+)
+from numpy_engine.study import example_batch, gradient_study
+
+EPS = np.finfo(np.float64).eps
+
+
+def cubic(x: np.ndarray):
+    """sum(x^3): its central difference is off by exactly h^2 an entry, which one
+    Richardson step cancels."""
+    return lambda: float(np.sum(x**3))
+
+
+def relu_sum(x: np.ndarray):
+    """sum(relu(x)), naming its smooth piece by the signs of x."""
+    return lambda: (float(np.sum(np.maximum(x, 0.0))), (x > 0).tobytes())
+
+
+def test_richardson_cancels_the_h_squared_term():
+    x = np.array([0.5, -1.25, 2.0])
+    numeric = numerical_gradient(cubic(x), x, h=1e-2)
+    assert np.abs(numeric - 3 * x**2).max() <= 1e-10  # a plain central difference: 1e-4
+
+
+def test_every_entry_by_default_or_the_indices_given():
+    x = np.array([[0.5, -1.25], [2.0, 0.75]])
+    assert np.abs(numerical_gradient(cubic(x), x) - (3 * x**2).ravel()).max() <= 1e-8
+    some = numerical_gradient(cubic(x), x, np.array([3, 1]))
+    assert np.abs(some - 3 * x.ravel()[[3, 1]] ** 2).max() <= 1e-8
+
+
+@pytest.mark.parametrize("direction", [2, "array"])
+def test_x_is_restored_bit_for_bit(direction):
+    x = np.random.default_rng(0).standard_normal(5)
+    before = x.copy()
+    d = np.random.default_rng(1).standard_normal(5) if direction == "array" else direction
+    derivative = directional_derivative(cubic(x), x, d)
+    expected = 3 * x[2] ** 2 if direction == 2 else float(np.dot(3 * x**2, d))
+    assert abs(derivative - expected) <= 1e-8 * max(1.0, abs(expected))
+    assert np.array_equal(x, before)
+    numerical_gradient(cubic(x), x)
+    check_directions(cubic(x), x, 3 * x**2, [0, d])
+    assert np.array_equal(x, before)
+
+
+def test_a_step_across_a_kink_shrinks_until_it_stays_on_one_side():
+    """relu'(x) at x = 3e-6: steps of 1e-5 (and its half) cross 0 and would measure the
+    kink's jump; 1e-6 stays on the positive side."""
+    x = np.array([3e-6, -0.5, 0.3])
+    assert np.abs(numerical_gradient(relu_sum(x), x) - [1.0, 0.0, 1.0]).max() <= 1e-9
+    assert abs(directional_derivative(relu_sum(x), x, 0, smallest_h=1e-6) - 1.0) <= 1e-9
+    assert directional_derivative(relu_sum(x), x, 0, smallest_h=2e-6) is None
+
+
+def test_an_entry_on_the_kink_itself_is_nan_and_not_judged():
+    x = np.array([0.0, 0.3])
+    assert np.isnan(numerical_gradient(relu_sum(x), x)[0])
+    check = check_directions(relu_sum(x), x, np.array([5.0, 1.0]), [0, 1])
+    assert check.error <= 1e-10 and np.isnan(check.numeric[0])  # entry 0 is left out
+    none_judged = check_directions(relu_sum(x), x, np.array([5.0, 1.0]), [0])
+    assert np.isnan(none_judged.error) and np.isnan(none_judged.numeric).all()
+
+
+@pytest.mark.parametrize("check", ["numerical_gradient", "check_directions"])
+def test_x_must_be_float64_and_contiguous(check):
+    def run(x):
+        if check == "numerical_gradient":
+            return numerical_gradient(cubic(x), x)
+        return check_directions(cubic(x), x, 3 * x**2, [0])
+
+    with pytest.raises(InputTypeError, match="x must be float64 for finite differences, got"):
+        run(np.ones(3, np.float32))
+    with pytest.raises(InputError, match="x must be contiguous so that it can be nudged"):
+        run(np.ones((3, 4))[:, :2])  # rows apart: reshape(-1) copies
+
+
+def test_relative_error_is_normwise_with_a_floor():
+    assert relative_error(np.array([3.0, 4.0]), np.array([3.0, 4.5])) == 0.5 / np.hypot(3, 4.5)
+    assert relative_error(np.array([3.0, 4.0]), np.array([0.0, 4.0]), floor=6.0) == 0.5
+    assert relative_error(np.zeros(2), np.zeros(2)) == 0.0
+
+
+def test_rounding_noise_measures_what_moves_f_beyond_its_slope():
+    """A smooth f: eps * |f| at least. A value carrying 1e-9 of deterministic noise: about
+    that, though f's slope and curvature are far larger."""
+    x = np.array([1.5, -0.5])
+
+    def noisy():
+        jitter = int.from_bytes(hashlib.sha256(x.tobytes()).digest()[:8], "little") / 2**64
+        return float(np.sum(x**3) + 5 * x[0] + 1e-9 * (2 * jitter - 1))
+
+    smooth = rounding_noise(cubic(x), x, 0)
+    assert EPS * 3.25 <= smooth <= 20 * EPS * 3.25  # |f| = 3.25
+    assert 2e-10 <= rounding_noise(noisy, x, 0) <= 2e-9
+    assert noise_floor(2e-16, 4, 1e-5) == 3e7 * 2e-16 / 1e-5 * 2
+
+
+def test_a_right_gradient_passes_and_a_wrong_one_fails():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(6)
+    right, wrong = 3 * x**2, 3 * x**2 * (1 + 1e-3)
+    directions = [rng.standard_normal(6), 4]
+    assert check_directions(cubic(x), x, right, directions).error <= 1e-9
+    assert check_directions(cubic(x), x, wrong, directions).error >= 5e-4
+    assert check_gradient(cubic(x), x, right, np.array([1, 4])).error <= 1e-9
+    assert check_gradient(cubic(x), x, wrong, np.array([1, 4])).error >= 5e-4
+
+
+def test_the_best_of_the_steps_is_kept_and_the_first_within_tolerance_ends_the_search():
+    """A loss whose rounding swamps the small step: the larger step measures the gradient."""
+    x = np.array([0.7, -0.2])
+    rough = lambda: float(np.float32(np.sum(x**3) + 10.0) - np.float32(10.0))  # noqa: E731
+    small = check_directions(rough, x, 3 * x**2, [0, 1], steps=(1e-5,), noise=1e-18)
+    assert small.error >= 1e-2  # float32's resolution at 10, 1e-6, over 2e-5
+    check = check_directions(rough, x, 3 * x**2, [0, 1], steps=(1e-5, 1e-2), noise=1e-18)
+    assert check.error <= 1e-3 and np.abs(check.numeric - 3 * x**2).max() <= 1e-3
+    calls = []
+
+    def counted():
+        calls.append(1)
+        return float(np.sum(x**3))
+
+    check_directions(counted, x, 3 * x**2, [0], steps=(1e-5, 1e-4), noise=1e-16)
+    assert len(calls) == 1 + 4  # f at x, then one step's two central differences
+
+
+def test_f_terms_raise_the_noise_for_a_gradient_that_is_truly_zero():
+    """f flat in x (a key bias): the difference is pure rounding. Judged against
+    eps * f_terms, a zero analytic gradient passes; judged against nothing, it cannot."""
+    x = np.array([0.25])
+    flat = lambda: float(np.float64(1e8) + x[0] * 1e-30 - np.float64(1e8))  # noqa: E731
+    assert check_directions(flat, x, np.zeros(1), [0], f_terms=1e8).error <= 1e-6
+    tiny = check_directions(flat, x, np.array([1e-12]), [0], noise=0.0)
+    assert tiny.error == 1.0  # the estimate is 0, the analytic value is not
+
+
+def test_sample_indices_are_distinct_sorted_and_all_when_few():
+    rng = np.random.default_rng(0)
+    picked = sample_indices(rng, 100, 7)
+    assert len(set(picked.tolist())) == 7 and np.all(np.diff(picked) > 0) and picked.max() < 100
+    assert sample_indices(rng, 5, 5).tolist() == [0, 1, 2, 3, 4]
+    assert sample_indices(rng, 3, 8).tolist() == [0, 1, 2]
+
+
+def test_the_grads_study_is_each_parameters_gradient_against_its_differences():
+    loss, rows = gradient_study("seq2seq", seed=3, entries=3)
+    model, batch = example_batch("seq2seq", 3)
+    assert model.config.dtype == "float64" and (batch[0] == model.config.pad_id).any()  # padded
+    expected_loss, grads = model.loss_and_grads(*batch)
+    assert loss == expected_loss and [row["name"] for row in rows] == list(grads)
+    rng = np.random.default_rng(3)  # the study's sampler, drawn in the same order
+    for row, (key, grad) in zip(rows, grads.items(), strict=True):
+        sampled = grad.reshape(-1)[sample_indices(rng, grad.size, 3)]
+        assert row["shape"] == grad.shape and row["grad_norm"] == np.linalg.norm(grad)
+        assert row["sampled_norm"] == np.linalg.norm(sampled), key
+        gap = abs(row["fd_norm"] - row["sampled_norm"])
+        assert row["rel_error"] <= 1e-6 and gap <= 1e-6 * row["sampled_norm"] + 1e-9, key
+
+
+def test_the_grads_command_prints_the_study_row_by_row(capsys):
+    from numpy_engine.cli import main
+
+    loss, rows = gradient_study("seq2seq", seed=2, entries=2)
+    assert main(["grads", "--model", "seq2seq", "--seed", "2", "--entries", "2"]) == 0
+    title, header, rule, *table = capsys.readouterr().out.splitlines()
+    assert title == f"seq2seq, seed 2: loss {loss:.6f} on one padded batch (float64)"
+    assert header.split()[:2] == ["parameter", "shape"] and rule == "-" * len(header)
+    for line, row in zip(table, rows, strict=True):
+        name, *shape, grad_norm, sampled, fd, error = line.split()
+        assert (name, " ".join(shape)) == (row["name"], str(row["shape"]))
+        printed = [float(grad_norm), float(sampled), float(fd), float(error)]
+        values = [row[k] for k in ("grad_norm", "sampled_norm", "fd_norm", "rel_error")]
+        assert np.allclose(printed, values, rtol=0.06, atol=0), (printed, values)  # as rounded
