@@ -4,8 +4,6 @@ one, would make every test built on it say nothing."""
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
 
@@ -70,6 +68,13 @@ def test_a_step_across_a_kink_shrinks_until_it_stays_on_one_side():
     assert np.abs(numerical_gradient(relu_sum(x), x) - [1.0, 0.0, 1.0]).max() <= 1e-9
     assert abs(directional_derivative(relu_sum(x), x, 0, smallest_h=1e-6) - 1.0) <= 1e-9
     assert directional_derivative(relu_sum(x), x, 0, smallest_h=2e-6) is None
+    at_the_bound = directional_derivative(relu_sum(x), x, 0, h=1e-6, smallest_h=1e-6)
+    assert abs(at_the_bound - 1.0) <= 1e-9  # a step of smallest_h itself is tried
+    near = np.array([1.5e-8])  # by default the steps go 1e-5, 1e-6, ... down to 1e-8
+    assert abs(numerical_gradient(relu_sum(near), near)[0] - 1.0) <= 1e-6
+    assert abs(directional_derivative(relu_sum(near), near, 0) - 1.0) <= 1e-6
+    nearer = near / 2
+    assert np.isnan(numerical_gradient(relu_sum(nearer), nearer)[0])  # 1e-8 crosses it
 
 
 def test_an_entry_on_the_kink_itself_is_nan_and_not_judged():
@@ -95,23 +100,29 @@ def test_x_must_be_float64_and_contiguous(check):
 
 
 def test_relative_error_is_normwise_with_a_floor():
-    assert relative_error(np.array([3.0, 4.0]), np.array([3.0, 4.5])) == 0.5 / np.hypot(3, 4.5)
+    analytic, numeric = np.array([0.3, 0.4]), np.array([0.3, 0.45])
+    expected = np.linalg.norm(analytic - numeric) / np.hypot(0.3, 0.45)  # below 1: no floor
+    assert abs(relative_error(analytic, numeric) - expected) <= 1e-15
     assert relative_error(np.array([3.0, 4.0]), np.array([0.0, 4.0]), floor=6.0) == 0.5
     assert relative_error(np.zeros(2), np.zeros(2)) == 0.0
 
 
-def test_rounding_noise_measures_what_moves_f_beyond_its_slope():
-    """A smooth f: eps * |f| at least. A value carrying 1e-9 of deterministic noise: about
-    that, though f's slope and curvature are far larger."""
-    x = np.array([1.5, -0.5])
+def test_rounding_noise_is_read_from_nine_values_delta_apart():
+    """Alternating +-e on a smooth f: every third difference is 8e, so the estimate is
+    sqrt(64 e^2 / 20), whatever f's slope and curvature. A flat f: eps * |f|, its floor."""
+    x, seen = np.array([1.5, -0.5]), []
 
-    def noisy():
-        jitter = int.from_bytes(hashlib.sha256(x.tobytes()).digest()[:8], "little") / 2**64
-        return float(np.sum(x**3) + 5 * x[0] + 1e-9 * (2 * jitter - 1))
+    def alternating():
+        steps = (x[0] - 1.5) / 1e-6
+        seen.append(steps)
+        return float(np.sum(x**3) + 5 * x[0] + 1e-9 * (-1) ** round(steps))
 
-    smooth = rounding_noise(cubic(x), x, 0)
-    assert EPS * 3.25 <= smooth <= 20 * EPS * 3.25  # |f| = 3.25
-    assert 2e-10 <= rounding_noise(noisy, x, 0) <= 2e-9
+    noise = rounding_noise(alternating, x, 0)
+    assert np.abs(np.array(seen) - np.arange(-4, 5)).max() <= 1e-6
+    assert abs(noise - 1e-9 * np.sqrt(64 / 20)) <= 1e-12
+    assert rounding_noise(lambda: 3.25, x, 1) == EPS * 3.25
+    x = np.array([1.0])  # f = x exactly, at steps of a power of two: no rounding at all
+    assert rounding_noise(lambda: float(x[0]), x, 0, delta=2.0**-20) == EPS * 1.0  # |f(x)|
     assert noise_floor(2e-16, 4, 1e-5) == 3e7 * 2e-16 / 1e-5 * 2
 
 
@@ -124,6 +135,44 @@ def test_a_right_gradient_passes_and_a_wrong_one_fails():
     assert check_directions(cubic(x), x, wrong, directions).error >= 5e-4
     assert check_gradient(cubic(x), x, right, np.array([1, 4])).error <= 1e-9
     assert check_gradient(cubic(x), x, wrong, np.array([1, 4])).error >= 5e-4
+    tiny = lambda: 1e-9 * float(np.sum(x**3))  # noqa: E731  (its rounding is 1e-25, not eps)
+    assert check_gradient(tiny, x, 3e-9 * x**2 * 1.001, np.array([1])).error >= 5e-4
+
+
+def nudges_seen(f, x):
+    """f, and the distinct distances from x at which it was evaluated (to 6 digits)."""
+    start, seen = x.copy(), set()
+
+    def recorded():
+        seen.add(float(f"{np.abs(x - start).max():.6g}"))  # as x + h - x rounds
+        return f()
+
+    return recorded, seen
+
+
+@pytest.mark.parametrize("checker", ["check_gradient", "check_directions"])
+def test_the_default_steps_are_tried_in_turn_until_one_is_within_1e_6(checker):
+    """Noise is measured 1e-6 apart; then steps 1e-5 and 1e-4, each with its half."""
+    x = np.array([0.7, -0.2])
+    noise_points = {0.0, 1e-6, 2e-6, 3e-6, 4e-6}
+    for off_by, steps in [(1e-8, {1e-5, 5e-6}), (1.5e-6, {1e-5, 5e-6, 1e-4, 5e-5})]:
+        f, seen = nudges_seen(cubic(x), x)
+        analytic = 3 * x**2 * (1 + off_by)
+        if checker == "check_gradient":
+            check = check_gradient(f, x, analytic, np.array([0, 1]))
+        else:
+            check = check_directions(f, x, analytic, [0, 1])
+        assert abs(check.error - off_by) <= 1e-9
+        assert seen == noise_points | steps
+
+
+def test_an_error_equal_to_the_tolerance_is_not_within_it():
+    x = np.array([0.5])
+    analytic = np.array([2.0 + 2.0**-10])
+    error = relative_error(analytic, np.array([2.0]))  # f = 2x: every difference exactly 2
+    f, seen = nudges_seen(lambda: float(2 * x[0]), x)
+    check = check_directions(f, x, analytic, [0], error, steps=(2.0**-10, 2.0**-8), noise=0.0)
+    assert check.error == error and 2.0**-8 in seen  # the second step was tried
 
 
 def test_the_best_of_the_steps_is_kept_and_the_first_within_tolerance_ends_the_search():
@@ -158,13 +207,16 @@ def test_sample_indices_are_distinct_sorted_and_all_when_few():
     rng = np.random.default_rng(0)
     picked = sample_indices(rng, 100, 7)
     assert len(set(picked.tolist())) == 7 and np.all(np.diff(picked) > 0) and picked.max() < 100
-    assert sample_indices(rng, 5, 5).tolist() == [0, 1, 2, 3, 4]
+    untouched = np.random.default_rng(5)
+    assert sample_indices(untouched, 5, 5).tolist() == [0, 1, 2, 3, 4]  # without a draw
+    assert untouched.integers(1 << 30) == np.random.default_rng(5).integers(1 << 30)
     assert sample_indices(rng, 3, 8).tolist() == [0, 1, 2]
 
 
 def test_the_grads_study_is_each_parameters_gradient_against_its_differences():
     loss, rows = gradient_study("seq2seq", seed=3, entries=3)
     model, batch = example_batch("seq2seq", 3)
+    assert len(batch[0]) == 4 and gradient_study("seq2seq", 3, 4) == gradient_study("seq2seq", 3)
     assert model.config.dtype == "float64" and (batch[0] == model.config.pad_id).any()  # padded
     expected_loss, grads = model.loss_and_grads(*batch)
     assert loss == expected_loss and [row["name"] for row in rows] == list(grads)
@@ -180,10 +232,10 @@ def test_the_grads_study_is_each_parameters_gradient_against_its_differences():
 def test_the_grads_command_prints_the_study_row_by_row(capsys):
     from numpy_engine.cli import main
 
-    loss, rows = gradient_study("seq2seq", seed=2, entries=2)
-    assert main(["grads", "--model", "seq2seq", "--seed", "2", "--entries", "2"]) == 0
+    loss, rows = gradient_study("seq2seq", seed=1, entries=2)
+    assert main(["grads", "--model", "seq2seq", "--seed", "1", "--entries", "2"]) == 0
     title, header, rule, *table = capsys.readouterr().out.splitlines()
-    assert title == f"seq2seq, seed 2: loss {loss:.6f} on one padded batch (float64)"
+    assert title == f"seq2seq, seed 1: loss {loss:.6f} on one padded batch (float64)"
     assert header.split()[:2] == ["parameter", "shape"] and rule == "-" * len(header)
     for line, row in zip(table, rows, strict=True):
         name, *shape, grad_norm, sampled, fd, error = line.split()

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main
 
 pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
@@ -42,6 +43,26 @@ def test_plot_redraws_from_the_history(runs, tmp_path):
     assert_real_picture(tmp_path / "again.png")
     assert main(["plot", str(runs / "char"), "--out", str(tmp_path / "char.png")]) == 0
     assert_real_picture(tmp_path / "char.png")
+    assert not (runs / "char" / "loss.png").exists()  # trained without --plot
+    assert main(["plot", str(runs / "char")]) == 0  # by default into the run
+    assert_real_picture(runs / "char" / "loss.png")
+
+
+def test_attention_takes_a_prompt_of_one_token_up_to_the_context(runs, tmp_path, capsys):
+    char = str(runs / "char")
+    context = load_checkpoint(char).model.config.max_len
+    run = ["attention", "--checkpoint", char, "--out", str(tmp_path / "a.png"), "--prompt"]
+    assert main([*run, "t"]) == 0 and (tmp_path / "a.png").stat().st_size > 1000
+    for prompt in ["", "t" * (context + 1)]:
+        assert main([*run, prompt]) == 2
+        assert (
+            capsys.readouterr()
+            .err.strip()
+            .endswith(
+                f"--prompt has {len(prompt)} tokens; this model attends over 1 to {context}, "
+                "and the picture shows each of them"
+            )
+        )
 
 
 def test_attention_pictures_for_both_models(runs, tmp_path):
@@ -115,3 +136,8 @@ def test_without_matplotlib_pictures_name_the_extra_and_training_still_works(run
     assert not (tmp_path / "r").exists()  # refused before training
     result = run_without_matplotlib("train", "copy", "--steps", "5", "--quiet")
     assert result.returncode == 0, result.stderr
+    grads = ["grads", "--model", "seq2seq", "--entries", "1"]
+    result = run_without_matplotlib(*grads, "--plot", str(tmp_path / "g.png"))
+    assert result.returncode == 2 and "plot extra" in result.stderr and result.stdout == ""
+    result = run_without_matplotlib(*grads)  # the table needs no matplotlib
+    assert result.returncode == 0 and "rel. error" in result.stdout, result.stderr
