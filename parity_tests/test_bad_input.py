@@ -165,6 +165,12 @@ def test_load_params_rejects_mismatches():
         GPT.load_params(good | {"head.bias": np.zeros(12)})
     with pytest.raises(TypeError, match=r"params\['head.bias'\] must have dtype float64"):
         GPT.load_params(good | {"head.bias": np.zeros(13, dtype=np.float32)})
+    before = GPT.flat.copy()
+    with pytest.raises(ValueError, match=r"params\['head.bias'\]\[4\] = nan"):
+        GPT.load_params(good | {"head.bias": np.where(np.arange(13) == 4, np.nan, 0.0)})
+    assert np.array_equal(GPT.flat, before)  # nothing loaded
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        GPT.with_dtype("float16")
 
 
 def test_fully_hidden_attention_row_is_rejected():

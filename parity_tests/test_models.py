@@ -126,3 +126,14 @@ def test_default_models_at_their_own_init_match_torch():
     targets = np.roll(idx, -1, axis=1)
     targets[:, -1] = -100
     check_model("default MiniGPT", gpt, (idx, targets), rng)
+
+
+@pytest.mark.parametrize("kind", [ne.MiniGPT, ne.Seq2SeqTransformer])
+def test_with_dtype_is_the_same_model_cast_and_the_default_seed_is_0(kind):
+    model = kind(kind.config_class(), seed=5)
+    wide = model.with_dtype("float64")
+    assert type(wide) is kind and wide.config.dtype == "float64" and wide.flat.dtype == np.float64
+    assert list(wide.params) == list(model.params)
+    for key, value in model.params.items():
+        assert np.array_equal(wide.params[key], value.astype(np.float64)), key
+    assert np.array_equal(kind(kind.config_class()).flat, kind(kind.config_class(), seed=0).flat)

@@ -128,3 +128,35 @@ def test_softmax_backward_takes_a_single_dominant_entry_as_minus_the_others():
     rows = [0, 2]
     alone = A.softmax_backward(dweights[rows].copy(), weights[rows])
     np.testing.assert_array_equal(alone, textbook[rows])
+
+
+def test_available_bytes_reads_memavailable_in_kib(monkeypatch):
+    import builtins
+    import io
+
+    from numpy_engine import memory
+
+    real_open, meminfo = builtins.open, {"text": ""}
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/meminfo":
+            return io.StringIO(meminfo["text"])
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    meminfo["text"] = "MemTotal:  4000 kB\nMemFree:  1500 kB\nMemAvailable:  3000 kB\n"
+    assert memory.available_bytes() == 3000 * 1024
+    for unknown in ["MemTotal:  4000 kB\n", "MemAvailable:\n", "MemAvailable: lots kB\n"]:
+        meminfo["text"] = unknown
+        assert memory.available_bytes() is None, unknown
+
+
+def test_check_fits_says_both_sizes_in_gib(monkeypatch):
+    from numpy_engine import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 3 * 2**29)  # 1.5 GiB
+    memory.check_fits("a step", 3 * 2**29)
+    with pytest.raises(ValueError, match=r"^a step would need about 3\.0 GiB for one training "):
+        memory.check_fits("a step", 3 * 2**30)
+    with pytest.raises(ValueError, match=r"step; 1\.5 GiB are available$"):
+        memory.check_fits("a step", 3 * 2**30)
