@@ -64,19 +64,16 @@ def compare(name: str, ours: np.ndarray, ref: np.ndarray) -> Comparison:
     if ours.shape != ref.shape:
         raise AssertionError(f"{name}: shape {ours.shape} differs from the reference's {ref.shape}")
     diff = np.abs(ours - ref)
-    worst = np.unravel_index(np.argmax(diff), diff.shape) if diff.size else ()
+    if diff.size:
+        worst = np.unravel_index(np.argmax(diff), diff.shape)
+        values = float(ours[worst]), float(ref[worst])
+    else:  # no entry to differ, and none to show
+        worst, values = (), (np.nan, np.nan)
     diff_norm, ref_norm = float(np.linalg.norm(diff)), float(np.linalg.norm(ref))
     rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else np.inf)
+    max_abs = float(diff.max(initial=0.0))
     return Comparison(
-        name,
-        ours.shape,
-        float(diff.max(initial=0.0)),
-        rel,
-        diff_norm,
-        ref_norm,
-        tuple(int(i) for i in worst),
-        float(ours[worst]),
-        float(ref[worst]),
+        name, ours.shape, max_abs, rel, diff_norm, ref_norm, tuple(int(i) for i in worst), *values
     )
 
 

@@ -1,0 +1,123 @@
+"""The parity rules themselves (crosscheck/compare.py): a rule that passed a result just
+outside its bound, or measured the bound wrong, would let a wrong gradient through every
+parity test that uses it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crosscheck.compare import (
+    FLOAT32_TINY,
+    FLOAT32_UNIT,
+    FLOAT64_ATOL,
+    FLOAT64_RTOL,
+    Comparison,
+    compare,
+    float32_checks,
+    float64_ok,
+    sensitivities,
+)
+
+U = FLOAT32_UNIT
+
+
+def test_compare_reports_the_normwise_difference_and_the_worst_entry():
+    ours = np.array([[1.0, 2.0], [3.0, 4.5]])
+    ref = np.array([[1.0, 2.25], [3.0, 4.0]])
+    c = compare("w", ours, ref)
+    assert (c.name, c.shape, c.max_abs, c.worst_index) == ("w", (2, 2), 0.5, (1, 1))
+    assert (c.ours_value, c.ref_value) == (4.5, 4.0)
+    assert c.diff_norm == np.hypot(0.25, 0.5) and c.ref_norm == np.linalg.norm(ref)
+    assert c.rel == c.diff_norm / c.ref_norm
+    assert c.describe() == (
+        "w (2, 2): normwise relative difference 1.003e-01, max abs 5.000e-01 at (1, 1): "
+        "ours 4.5 vs reference 4.0"
+    )
+    assert compare("small", np.array([0.3]), np.array([0.25])).rel == (0.3 - 0.25) / 0.25
+    assert compare("z", np.zeros(3), np.zeros(3)).rel == 0.0
+    assert compare("z", np.array([0.0, 1e-30]), np.zeros(2)).rel == np.inf
+    empty = compare("e", np.zeros((0, 3)), np.zeros((0, 3)))
+    assert (empty.max_abs, empty.worst_index, empty.rel) == (0.0, (), 0.0)
+    assert np.isnan(empty.ours_value) and float64_ok(empty)
+    scalar = compare("s", np.float64(2.0), np.float64(2.5))
+    assert (scalar.shape, scalar.worst_index, scalar.ours_value, scalar.max_abs) == (
+        (),
+        (),
+        2.0,
+        0.5,
+    )
+    with pytest.raises(AssertionError, match=r"w: shape \(2,\) differs from the reference's"):
+        compare("w", np.zeros(2), np.zeros(3))
+
+
+def comparison(diff_norm: float, ref_norm: float) -> Comparison:
+    rel = diff_norm / ref_norm if ref_norm else np.inf
+    return Comparison("t", (1,), diff_norm, rel, diff_norm, ref_norm, (0,), 0.0, 0.0)
+
+
+@pytest.mark.parametrize("ref_norm", [0.0, 1.0, 1e6])
+def test_float64_rule_passes_up_to_its_bound_and_no_further(ref_norm):
+    bound = FLOAT64_ATOL + FLOAT64_RTOL * ref_norm
+    assert (FLOAT64_ATOL, FLOAT64_RTOL) == (1e-12, 1e-10)
+    assert float64_ok(comparison(bound, ref_norm))
+    assert not float64_ok(comparison(bound * (1 + 1e-9), ref_norm))
+
+
+def test_float32_bound_is_32_times_the_sensitivity_or_its_floor():
+    golden = {"a": np.ones(4), "b": np.zeros(9)}
+    ours = {"a": np.array([1.0, 1.0, 1.0, 1.0 + 5e-5], np.float32), "b": np.zeros(9, np.float32)}
+    checks = float32_checks(ours, golden, {"a": 1e-6, "b": 1e-9})
+    assert checks["a"].bound == 32 * (1e-6 + FLOAT32_TINY * 2)
+    assert checks["b"].bound == 32 * (0.05 * 1e-6 + FLOAT32_TINY * 3)  # the floor, not 1e-9
+    error = float(np.float32(1.0 + 5e-5)) - 1.0  # normwise, in float64
+    assert checks["a"].error == error and not checks["a"].ok and checks["b"].ok
+    assert (checks["a"].sensitivity, checks["a"].golden_norm) == (1e-6, 2.0)
+    within = float32_checks(ours, golden, {"a": error / 32, "b": 0.0})["a"]
+    assert within.ok and within.error <= within.bound  # error == 32 S, plus the underflow term
+    exact = float32_checks(ours, golden, {"a": 0.0, "b": 0.0})  # nothing moves: underflow only
+    assert exact["b"].bound == 32 * FLOAT32_TINY * 3 and exact["b"].ok
+
+
+def test_sensitivity_of_few_entries_moves_each_in_turn():
+    """y = 3 x: moving each x_i by u x_i moves y by 3 u x_i; in quadrature, 3 u ||x||.
+    z = x_0 x_1: each of the two moves z by u |x_0 x_1|, so sqrt(2) u |x_0 x_1|."""
+    x = np.array([0.5, -2.0, 4.0])
+
+    def run(inputs):
+        x = inputs["x"]
+        return {"y": 3 * x, "z": x[0] * x[1]}
+
+    s = sensitivities(run, {"x": x}, np.random.default_rng(0))
+    assert abs(s["y"] - 3 * U * np.linalg.norm(x)) <= 1e-6 * s["y"]
+    assert abs(s["z"] - np.sqrt(2) * U * 1.0) <= 1e-6 * s["z"]
+
+
+def test_sensitivity_of_many_entries_is_at_least_all_moved_up_together():
+    """Over 16 entries: u x all at once (exact here, where y is linear in x), or the RMS of
+    random moves, whichever is larger; inputs and groups add in quadrature."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal(40), rng.standard_normal(40)
+
+    def run(inputs):
+        return {"y": np.array([inputs["x"] @ inputs["w"]]), "x2": 2 * inputs["x"]}
+
+    s = sensitivities(run, {"x": x, "w": w}, np.random.default_rng(0))
+    assert abs(s["x2"] - 2 * U * np.linalg.norm(x)) <= 1e-6 * s["x2"]  # up: exact
+    up = U * abs(x @ w)
+    random_rms = U * np.sqrt(np.sum((x * w) ** 2))  # for each input alone
+    assert np.sqrt(2) * max(up, 0.5 * random_rms) <= s["y"] <= 3 * np.sqrt(2) * random_rms
+    together = sensitivities(run, {"x": x, "w": w}, np.random.default_rng(0), per_input=False)
+    assert abs(together["x2"] - s["x2"]) <= 1e-6 * s["x2"]  # w does not move x2
+
+
+@pytest.mark.parametrize(("size", "calls"), [(16, 1 + 16), (17, 1 + 1 + 2)])
+def test_up_to_16_entries_move_one_at_a_time_and_more_move_up_and_twice_at_random(size, calls):
+    counted = []
+
+    def run(inputs):
+        counted.append(1)
+        return {"y": 2 * inputs["x"]}
+
+    sensitivities(run, {"x": np.ones(size)}, np.random.default_rng(0))
+    assert len(counted) == calls
