@@ -53,3 +53,13 @@ def test_loading_checks_keys_shapes_and_dtypes():
     with pytest.raises(TypeError, match=r"params\['head.bias'\] has dtype float64"):
         load_engine_params(module, params | {"head.bias": np.zeros(13)})
     assert module.head.weight.dtype == torch.float32
+
+
+def test_a_model_without_a_twin_is_refused_by_name():
+    from numpy_engine.checks import InputError
+
+    class Untwinned(ne.MiniGPT):
+        torch_twin = None
+
+    with pytest.raises(InputError, match="a gpt model has no PyTorch twin in torch_reference"):
+        torch_model_for(Untwinned(ne.GPTConfig()))

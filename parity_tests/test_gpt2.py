@@ -247,3 +247,31 @@ def test_ten_adamw_steps_follow_torch_adamw():
         # every tensor agrees to ~1e-16 but the key biases (1.3e-10): their true gradient is
         # 0, and Adam divides the two engines' different rounding noise by eps
         assert error <= 1e-9, (key, error)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_benchmarks_twin_is_transformers_with_the_engines_weights(dtype):
+    """crosscheck's GPT2Twin, torch_model_for a gpt2 model and the gpt2 benchmark's
+    reference: transformers in eval mode, in the engine's dtype, with its weights; the
+    same loss and, named back as the engine's, the same gradients."""
+    from crosscheck.convert import torch_model_for
+    from numpy_engine.models import GPT2, GPT2Config
+
+    model = GPT2(GPT2Config(vocab_size=40, max_len=16, dtype=dtype), seed=3)
+    twin = torch_model_for(model)
+    assert next(twin.parameters()).dtype == getattr(torch, dtype) and not twin.hf.training
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, 40, (2, 9))
+    targets = np.roll(idx, -1, axis=1)
+    targets[:, -1] = IGNORE_INDEX
+    loss, grads = model.loss_and_grads(idx, targets)
+    theirs = twin.loss(torch.tensor(idx), torch.tensor(targets))
+    theirs.backward()
+    named = twin.engine_named({k: p.grad.numpy() for k, p in twin.named_parameters()})
+    assert sorted(named) == sorted(grads)
+    if dtype == "float32":  # the two engines' own rounding: loose, but far below a bug
+        assert abs(loss - theirs.item()) <= 1e-5 * abs(loss)
+        return
+    ours = {"loss": np.array(loss)} | {f"d{key}": g for key, g in grads.items()}
+    reference = {"loss": theirs.detach().numpy()} | {f"d{k}": named[k] for k in grads}
+    assert_all_close_float64("GPT2Twin", ours, reference)

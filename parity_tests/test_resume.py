@@ -3,6 +3,7 @@ damaged files are refused; weights move to PyTorch and back."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -187,6 +188,12 @@ def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_
         cli("export", "--checkpoint", str(trained), "--to", str(pt)), capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+    described = json.loads(pt.with_name("model.pt.json").read_text())
+    saved = load_checkpoint(trained).meta
+    assert described["kind"] == "seq2seq" and described["meta"] == {
+        key: saved[key] for key in ("task", "vocabulary") if key in saved
+    }
+    assert described["meta"]["task"] == "copy"  # the task, not the run's history or state
     state_dict = torch.load(pt, weights_only=True)
     module = TorchSeq2Seq()
     module.load_state_dict(state_dict, strict=True)
