@@ -189,9 +189,9 @@ def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_
     )
     assert result.returncode == 0, result.stderr
     described = json.loads(pt.with_name("model.pt.json").read_text())
-    saved = load_checkpoint(trained).meta
-    assert described["kind"] == "seq2seq" and described["meta"] == {
-        key: saved[key] for key in ("task", "vocabulary") if key in saved
+    saved = load_checkpoint(trained)
+    assert described["kind"] == saved.model.kind and described["meta"] == {
+        key: saved.meta[key] for key in ("task", "vocabulary") if key in saved.meta
     }
     assert described["meta"]["task"] == "copy"  # the task, not the run's history or state
     state_dict = torch.load(pt, weights_only=True)
