@@ -137,3 +137,30 @@ def test_with_dtype_is_the_same_model_cast_and_the_default_seed_is_0(kind):
     for key, value in model.params.items():
         assert np.array_equal(wide.params[key], value.astype(np.float64)), key
     assert np.array_equal(kind(kind.config_class()).flat, kind(kind.config_class(), seed=0).flat)
+
+
+@pytest.mark.parametrize("kind", [ne.MiniGPT, ne.Seq2SeqTransformer])
+def test_the_references_defaults_are_the_engines(kind):
+    """torch_reference's model built without arguments is the engine's default config's."""
+    import inspect
+
+    import torch_reference.models as reference
+
+    twin = getattr(reference, kind.torch_twin)
+    defaults = {
+        name: parameter.default for name, parameter in inspect.signature(twin).parameters.items()
+    }
+    config = kind.config_class()
+    assert defaults == {name: getattr(config, name) for name in defaults}
+
+
+def test_the_reference_names_the_first_query_that_sees_no_key():
+    import torch
+
+    from torch_reference.modules import attention
+
+    q = k = v = torch.ones((1, 2, 3, 4))
+    visible = torch.ones((1, 2, 3, 3), dtype=torch.bool)
+    visible[0, 0, 1] = visible[0, 1, 2] = False
+    with pytest.raises(ValueError, match=r"batch row 0, position 1 \(head 0\) has no visible"):
+        attention(q, k, v, visible)
