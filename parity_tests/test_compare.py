@@ -41,12 +41,8 @@ def test_compare_reports_the_normwise_difference_and_the_worst_entry():
     assert (empty.max_abs, empty.worst_index, empty.rel) == (0.0, (), 0.0)
     assert np.isnan(empty.ours_value) and float64_ok(empty)
     scalar = compare("s", np.float64(2.0), np.float64(2.5))
-    assert (scalar.shape, scalar.worst_index, scalar.ours_value, scalar.max_abs) == (
-        (),
-        (),
-        2.0,
-        0.5,
-    )
+    assert scalar.shape == scalar.worst_index == ()
+    assert (scalar.ours_value, scalar.max_abs) == (2.0, 0.5)
     with pytest.raises(AssertionError, match=r"w: shape \(2,\) differs from the reference's"):
         compare("w", np.zeros(2), np.zeros(3))
 

@@ -55,14 +55,11 @@ def test_attention_takes_a_prompt_of_one_token_up_to_the_context(runs, tmp_path,
     assert main([*run, "t"]) == 0 and (tmp_path / "a.png").stat().st_size > 1000
     for prompt in ["", "t" * (context + 1)]:
         assert main([*run, prompt]) == 2
-        assert (
-            capsys.readouterr()
-            .err.strip()
-            .endswith(
-                f"--prompt has {len(prompt)} tokens; this model attends over 1 to {context}, "
-                "and the picture shows each of them"
-            )
-        )
+        said = capsys.readouterr().err.strip()
+        assert said.endswith(
+            f"--prompt has {len(prompt)} tokens; this model attends over 1 to {context}, "
+            "and the picture shows each of them"
+        ), said
 
 
 def test_attention_pictures_for_both_models(runs, tmp_path):

@@ -136,19 +136,21 @@ def test_available_bytes_reads_memavailable_in_kib(monkeypatch):
 
     from numpy_engine import memory
 
-    real_open, meminfo = builtins.open, {"text": ""}
+    real_open = builtins.open
 
-    def fake_open(path, *args, **kwargs):
-        if path == "/proc/meminfo":
-            return io.StringIO(meminfo["text"])
-        return real_open(path, *args, **kwargs)
+    def available_from(meminfo: str):
+        def fake_open(path, *args, **kwargs):
+            if path == "/proc/meminfo":
+                return io.StringIO(meminfo)
+            return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", fake_open)
-    meminfo["text"] = "MemTotal:  4000 kB\nMemFree:  1500 kB\nMemAvailable:  3000 kB\n"
-    assert memory.available_bytes() == 3000 * 1024
+        monkeypatch.setattr(builtins, "open", fake_open)
+        return memory.available_bytes()
+
+    known = "MemTotal:  4000 kB\nMemFree:  1500 kB\nMemAvailable:  3000 kB\n"
+    assert available_from(known) == 3000 * 1024
     for unknown in ["MemTotal:  4000 kB\n", "MemAvailable:\n", "MemAvailable: lots kB\n"]:
-        meminfo["text"] = unknown
-        assert memory.available_bytes() is None, unknown
+        assert available_from(unknown) is None, unknown
 
 
 def test_check_fits_says_both_sizes_in_gib(monkeypatch):
