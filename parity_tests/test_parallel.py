@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -218,3 +219,50 @@ def test_an_error_every_rank_meets_is_said_once_by_rank_0(tmp_path):
     assert result.returncode == 2, result.stderr
     said = f"numpy-engine train: error: checkpoint {missing}/checkpoint.npz: no such file"
     assert result.stderr.count(said) == 1 and "(on rank" not in result.stderr, result.stderr
+
+
+def test_stderr_is_read_by_mpiexec_before_the_abort(monkeypatch, capfd):
+    """MPI_Abort ends the run at once, and what mpiexec's proxy had not read from the rank's
+    stderr pipe is lost (CI lost rank 0's message once): the rank waits for the read first."""
+    from numpy_engine import parallel as parallel_module
+
+    class Ended(Exception):
+        pass
+
+    class TwoRanks(parallel_module.OneProcess):
+        rank, size = 0, 2
+
+        def abort(self, code: int) -> None:
+            calls.append(("abort", code))
+            raise Ended  # instead of ending this process
+
+    def wait_until_read(fd: int, seconds: float) -> None:
+        calls.append(("wait", fd, seconds))
+
+    def body() -> int:
+        raise InputError("checkpoint x: no such file")
+
+    calls = []
+    monkeypatch.setattr(parallel_module, "wait_until_read", wait_until_read)
+    with pytest.raises(Ended):
+        parallel_module.run_as_rank(parallel_module.DataParallel(TwoRanks()), body, "train")
+    assert calls == [("wait", sys.stderr.fileno(), 5.0), ("abort", 2)]
+    assert capfd.readouterr().err == "numpy-engine train: error: checkpoint x: no such file\n"
+
+
+def test_waiting_for_a_pipe_to_be_read(tmp_path, monkeypatch):
+    from numpy_engine.parallel import unread_bytes, wait_until_read
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"rank 0's message\n")
+    assert unread_bytes(write_end) == 17
+    wait_until_read(write_end, 0.05)  # nobody reads: the wait gives up
+    assert unread_bytes(write_end) == 17
+    threading.Timer(0.05, os.read, (read_end, 100)).start()
+    wait_until_read(write_end, 30.0)
+    assert unread_bytes(write_end) == 0
+    os.close(read_end)
+    os.close(write_end)
+    monkeypatch.setattr("numpy_engine.parallel.unread_bytes", lambda fd: 1 / 0)
+    with open(tmp_path / "log", "w") as file:  # not a pipe: nothing to wait for
+        wait_until_read(file.fileno(), 30.0)
