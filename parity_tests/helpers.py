@@ -118,7 +118,14 @@ def check_layer(case: LayerCase, rng: np.random.Generator, float32: bool = True)
     assert_matches_torch(case, rng, float32)
 
 
+def _engine_outputs(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
+    """The output and every gradient, keyed as _torch_run keys them."""
+    out, cache = case.forward(inputs)
+    return {"output": out} | {f"d{key}": g for key, g in case.backward(dout, cache).items()}
+
+
 def _engine_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
+    """_engine_outputs, checking the backward's contract on the way."""
     out, cache = case.forward(inputs)
     grads = case.backward(dout, cache)
     for key, grad in grads.items():  # the contract: a backward returns fresh arrays
@@ -159,10 +166,11 @@ def layer_float32_checks(case: LayerCase, dout: np.ndarray, rng: np.random.Gener
     exact = {key: value.astype(np.float64) for key, value in inputs32.items()}
     exact["upstream"] = dout32.astype(np.float64)  # sensitivities moves the upstream too
 
-    def engine64(i):
-        return _engine_run(case, params_of(i, "upstream"), i["upstream"])
+    def engine64(i):  # run ~180 times per case by sensitivities: its contract checked once
+        return _engine_outputs(case, params_of(i, "upstream"), i["upstream"])
 
-    golden = engine64(exact)  # the float64 engine, checked against torch just before
+    # the float64 engine, checked against torch just before
+    golden = _engine_run(case, params_of(exact, "upstream"), exact["upstream"])
     sensitivity = sensitivities(engine64, exact, rng)
     return (
         float32_checks(_engine_run(case, inputs32, dout32), golden, sensitivity),
