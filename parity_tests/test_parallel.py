@@ -259,8 +259,10 @@ def test_waiting_for_a_pipe_to_be_read(tmp_path, monkeypatch):
     wait_until_read(write_end, 0.05)  # nobody reads: the wait gives up
     assert unread_bytes(write_end) == 17
     threading.Timer(0.05, os.read, (read_end, 100)).start()
-    wait_until_read(write_end, 30.0)
+    start = time.monotonic()
+    wait_until_read(write_end, 60.0)
     assert unread_bytes(write_end) == 0
+    assert time.monotonic() - start < 30  # it returned when the message was read
     os.close(read_end)
     os.close(write_end)
     monkeypatch.setattr("numpy_engine.parallel.unread_bytes", lambda fd: 1 / 0)
