@@ -258,7 +258,8 @@ def test_waiting_for_a_pipe_to_be_read(tmp_path, monkeypatch):
     assert unread_bytes(write_end) == 17
     wait_until_read(write_end, 0.05)  # nobody reads: the wait gives up
     assert unread_bytes(write_end) == 17
-    threading.Timer(0.05, os.read, (read_end, 100)).start()
+    threading.Timer(0.05, os.read, (read_end, 16)).start()
+    threading.Timer(0.5, os.read, (read_end, 1)).start()  # the last byte, long after
     start = time.monotonic()
     wait_until_read(write_end, 60.0)
     assert unread_bytes(write_end) == 0
