@@ -101,7 +101,7 @@ def test_attention_pictures_for_both_models(runs, tmp_path):
 
 def test_gradient_bars(tmp_path, capsys):
     out = tmp_path / "grads.png"
-    assert main(["grads", "--model", "gpt", "--plot", str(out)]) == 0
+    assert main(["grads", "--model", "gpt", "--entries", "1", "--plot", str(out)]) == 0
     assert_real_picture(out)
     table = capsys.readouterr().out
     assert "tok_embed.weight" in table and "head.bias" in table
