@@ -209,9 +209,10 @@ def run_as_rank(parallel: DataParallel, body, command: str) -> int:
 
 
 def wait_until_read(fd: int, seconds: float) -> None:
-    """Until the reader of the pipe fd writes into (mpiexec's proxy) has read all of it, or
-    seconds pass. MPI_Abort ends the run at once, and what the proxy had not read yet is
-    lost: under load, rank 0's message was lost in 4 of 100 aborts without this wait."""
+    """Wait until the reader of the pipe that fd writes into (mpiexec's proxy) has read all
+    of it, or until seconds pass. MPI_Abort ends the run at once, and what the proxy had not
+    read yet is lost: under load, rank 0's message was lost in 4 of 100 aborts without this
+    wait."""
     if not stat.S_ISFIFO(os.fstat(fd).st_mode):
         return  # a file or a terminal keeps what was written
     deadline = time.monotonic() + seconds
