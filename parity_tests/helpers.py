@@ -118,10 +118,14 @@ def check_layer(case: LayerCase, rng: np.random.Generator, float32: bool = True)
     assert_matches_torch(case, rng, float32)
 
 
-def _engine_outputs(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
+def _keyed(out: np.ndarray, grads: dict) -> dict[str, np.ndarray]:
     """The output and every gradient, keyed as _torch_run keys them."""
+    return {"output": out} | {f"d{key}": g for key, g in grads.items()}
+
+
+def _engine_outputs(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
     out, cache = case.forward(inputs)
-    return {"output": out} | {f"d{key}": g for key, g in case.backward(dout, cache).items()}
+    return _keyed(out, case.backward(dout, cache))
 
 
 def _engine_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
@@ -135,7 +139,7 @@ def _engine_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np
     again = case.backward(dout.copy(), cache)
     for key, grad in grads.items():
         np.testing.assert_array_equal(again[key], grad, err_msg=f"{case.name}: d{key}, again")
-    return {"output": out} | {f"d{key}": g for key, g in grads.items()}
+    return _keyed(out, grads)
 
 
 def _torch_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:

@@ -226,6 +226,8 @@ def test_stderr_is_read_by_mpiexec_before_the_abort(monkeypatch, capfd):
     stderr pipe is lost (CI lost rank 0's message once): the rank waits for the read first."""
     from numpy_engine import parallel as parallel_module
 
+    calls = []  # the waits and aborts, in order
+
     class Ended(Exception):
         pass
 
@@ -242,7 +244,6 @@ def test_stderr_is_read_by_mpiexec_before_the_abort(monkeypatch, capfd):
     def body() -> int:
         raise InputError("checkpoint x: no such file")
 
-    calls = []
     monkeypatch.setattr(parallel_module, "wait_until_read", wait_until_read)
     with pytest.raises(Ended):
         parallel_module.run_as_rank(parallel_module.DataParallel(TwoRanks()), body, "train")
