@@ -2,7 +2,8 @@
 
 For each configuration both models start from the same weights and see the same
 batches; full training steps (forward, backward, clipping, optimizer) alternate
-between the two after a warm-up. Reported: median milliseconds per step, the ratio
+between the two after a warm-up: step by step on one thread, in turns of a few steps on
+more (workloads.alternate says why). Reported: median milliseconds per step, the ratio
 engine / torch (the median over pairs of consecutive steps), model FLOPs per step,
 achieved GFLOP/s and that as a fraction of this machine's float32 matmul peak (a large
 np.matmul, measured in the same run), the peak resident memory of each engine, each
@@ -27,7 +28,7 @@ from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
 from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
 from benchmarks.workloads import WORKLOADS as CONFIGS
-from benchmarks.workloads import Workload, engine_step, paired_ratio, peak_rss_mb, timed
+from benchmarks.workloads import Workload, alternate, engine_step, paired_ratio, peak_rss_mb
 from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPTConfig
@@ -71,18 +72,19 @@ def torch_step(module, optimizer, batch) -> float:
     return loss.item()
 
 
-def time_config(cfg: Workload, steps: int, warmup: int) -> dict:
+def time_config(cfg: Workload, steps: int, warmup: int, threads: int) -> dict:
     model, optimizer, batches, torch_optimizer_class = build(cfg, steps + warmup)
     module = torch_model_for(model)
     torch_optimizer = torch_optimizer_class(module.parameters(), lr=1e-3)
     torch_batches = [tuple(tensor(x) for x in batch) for batch in batches]
-    engine_ms, torch_ms = [], []
-    for i in range(steps + warmup):  # alternate, so both see the same machine state
-        t_engine, _ = timed(engine_step, model, optimizer, batches[i])
-        t_torch, _ = timed(torch_step, module, torch_optimizer, torch_batches[i])
-        if i >= warmup:
-            engine_ms.append(1e3 * t_engine)
-            torch_ms.append(1e3 * t_torch)
+    n = len(batches)
+    sides = (
+        lambda i: engine_step(model, optimizer, batches[i % n]),
+        lambda i: torch_step(module, torch_optimizer, torch_batches[i % n]),
+    )
+    engine_times, torch_times = alternate(sides, steps + warmup, threads)
+    engine_ms = [1e3 * seconds for seconds, _ in engine_times[warmup:]]
+    torch_ms = [1e3 * seconds for seconds, _ in torch_times[warmup:]]
     engine, reference = statistics.median(engine_ms), statistics.median(torch_ms)
     ratio = paired_ratio(engine_ms, torch_ms)  # each engine step against the next torch one
     flops = flops_per_step(cfg, model)
@@ -152,7 +154,7 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
         for name in configs:
             cfg = CONFIGS[name]
             n = max(3, steps // 5) if name == "large" else steps  # ~1 s a step
-            results[name] = time_config(cfg, n, min(warmup, n))
+            results[name] = time_config(cfg, n, min(warmup, n), threads)
             results[name]["steps_timed"] = n
             results[name]["engine_peak_fraction"] = results[name]["engine_gflops"] / peak
             results[name]["numpy_calls"] = numpy_calls(cfg)

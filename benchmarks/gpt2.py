@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.workloads import paired_ratio, peak_rss_mb, steps_argument, timed
+from benchmarks.workloads import alternate, paired_ratio, peak_rss_mb, steps_argument, timed
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW
@@ -80,17 +80,19 @@ class TorchTrainer:
         return loss.item()
 
 
-def time_steps(steps: int) -> dict:
+def time_steps(steps: int, threads: int) -> dict:
     model = engine_model()
     engine, reference = EngineTrainer(model), TorchTrainer(model)
     data = batches(steps + 1)
-    timed(engine.step, data[0]), timed(reference.step, data[0])  # warm-up
-    engine_s, torch_s = [], []
-    for batch in data[1:]:
-        (e, e_loss), (t, t_loss) = timed(engine.step, batch), timed(reference.step, batch)
+    sides = (
+        lambda i: engine.step(data[i % len(data)]),
+        lambda i: reference.step(data[i % len(data)]),
+    )
+    engine_times, torch_times = alternate(sides, steps + 1, threads)  # the first pair warms up
+    for (_, e_loss), (_, t_loss) in zip(engine_times, torch_times, strict=True):
         assert abs(e_loss - t_loss) <= 1e-3 * abs(t_loss), (e_loss, t_loss)  # the same step
-        engine_s.append(e)
-        torch_s.append(t)
+    engine_s = [seconds for seconds, _ in engine_times[1:]]
+    torch_s = [seconds for seconds, _ in torch_times[1:]]
     return {
         "engine_ms": 1e3 * statistics.median(engine_s),
         "torch_ms": 1e3 * statistics.median(torch_s),
@@ -171,7 +173,7 @@ def run(steps: int, threads: int, memory: bool) -> dict:
     keep_freed_memory()
     torch.set_num_threads(threads)
     with threadpool_limits(threads):
-        result = time_steps(steps) | time_generation()
+        result = time_steps(steps, threads) | time_generation()
     if memory:
         result["engine_peak_mb"] = peak_memory_mb("engine", threads)
         result["torch_peak_mb"] = peak_memory_mb("torch", threads)

@@ -14,6 +14,8 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.workloads import SETTLE_SECONDS
+
 
 def gpt_step_matmuls(config, batch_size: int, context: int) -> list[tuple[tuple, tuple]]:
     """(left shape, right shape) of every matmul in one training step of a MiniGPT."""
@@ -43,13 +45,28 @@ def best_seconds(fn, repeats: int = 5) -> float:
 
 
 def matmul_floor_ms(products: list[tuple[tuple, tuple]]) -> dict[str, float]:
-    """Milliseconds for all the products in float32: {"numpy": ..., "torch": ...}."""
+    """Milliseconds for all the products in float32: {"numpy": ..., "torch": ...}. Each
+    library's products are timed together, after SETTLE_SECONDS of its own products: with
+    more than one thread, the other library's idle threads would still be spinning on the
+    cores (workloads.alternate; interleaved, torch's char-lm products read 20-75 ms on two
+    threads against 4.0-4.2 timed this way)."""
     rng = np.random.default_rng(0)
-    totals = {"numpy": 0.0, "torch": 0.0}
+    operands = {"numpy": [], "torch": []}
     for left, right in products:
         a = rng.standard_normal(left, dtype=np.float32)
         b = rng.standard_normal(right, dtype=np.float32)
-        ta, tb = torch.tensor(a), torch.tensor(b)
-        totals["numpy"] += best_seconds(lambda: a @ b)  # noqa: B023
-        totals["torch"] += best_seconds(lambda: ta @ tb)  # noqa: B023
+        operands["numpy"].append((a, b))
+        operands["torch"].append((torch.tensor(a), torch.tensor(b)))
+    totals = {}
+    for name, pairs in operands.items():
+        settle(lambda: [a @ b for a, b in pairs])  # noqa: B023
+        totals[name] = sum(best_seconds(lambda: a @ b) for a, b in pairs)  # noqa: B023
     return {name: 1e3 * seconds for name, seconds in totals.items()}
+
+
+def settle(fn) -> None:
+    """Call fn until SETTLE_SECONDS have passed (at least once)."""
+    end = time.perf_counter() + SETTLE_SECONDS
+    fn()
+    while time.perf_counter() < end:
+        fn()

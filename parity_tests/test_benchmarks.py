@@ -62,6 +62,51 @@ def test_matmul_floor_lists_every_flop_of_the_step(name):
     assert flops == flops_per_step(workload, MiniGPT(config))
 
 
+def alternated(threads: int, pairs: int, monkeypatch) -> tuple[list, tuple]:
+    """The calls workloads.alternate makes of two recording sides, each step 'taking' 40 ms."""
+    from benchmarks import workloads
+
+    monkeypatch.setattr(workloads, "timed", lambda fn, *args: (0.04, fn(*args)))
+    calls = []
+    sides = tuple(lambda i, name=name: calls.append(f"{name}{i}") or i for name in "et")
+    return calls, workloads.alternate(sides, pairs, threads)
+
+
+def test_alternate_on_one_thread_takes_one_step_each_in_turn(monkeypatch):
+    calls, (engine, torch_) = alternated(1, 3, monkeypatch)
+    assert calls == ["e0", "t0", "e1", "t1", "e2", "t2"]
+    assert engine == torch_ == [(0.04, 0), (0.04, 1), (0.04, 2)]
+
+
+def test_alternate_on_more_threads_settles_before_each_turn(monkeypatch):
+    """A probe step each sizes the settling (0.1 s / 0.04 s: 3 untimed steps a turn); turns
+    of 5 timed steps, the last one shorter; both sides take the same batches."""
+    calls, (engine, torch_) = alternated(2, 7, monkeypatch)
+
+    def turn(first: int, last: int) -> list[str]:
+        return [f"{side}{i}" for side in "et" for i in range(first, last + 1)]
+
+    assert calls == ["e0", "t0"] + turn(1, 8) + turn(9, 13)
+    timed_batches = [4, 5, 6, 7, 8, 12, 13]  # after 3 settling steps in each turn
+    assert engine == torch_ == [(0.04, i) for i in timed_batches]
+
+
+def test_matmul_floor_times_each_librarys_products_together_after_settling(monkeypatch):
+    """Not interleaved: on two threads torch's products right after NumPy's ran 5-18x slow."""
+    from benchmarks import matmul_floor
+
+    log = []
+    monkeypatch.setattr(matmul_floor, "settle", lambda fn: log.append(("settle", library(fn()[0]))))
+    monkeypatch.setattr(matmul_floor, "best_seconds", lambda fn: log.append(library(fn())) or 0.5)
+    products = [((2, 3), (3, 4)), ((4, 2), (2, 5))]
+    assert matmul_floor.matmul_floor_ms(products) == {"numpy": 1000.0, "torch": 1000.0}
+    assert log == [("settle", "numpy"), "numpy", "numpy", ("settle", "torch"), "torch", "torch"]
+
+
+def library(product) -> str:
+    return type(product).__module__.split(".")[0]
+
+
 def test_bench_command_runs_through_numpy_engine(tmp_path, capfd):
     out = tmp_path / "bench.json"
     assert (
