@@ -97,10 +97,21 @@ def test_matmul_floor_times_each_librarys_products_together_after_settling(monke
 
     log = []
     monkeypatch.setattr(matmul_floor, "settle", lambda fn: log.append(("settle", library(fn()[0]))))
-    monkeypatch.setattr(matmul_floor, "best_seconds", lambda fn: log.append(library(fn())) or 0.5)
+    monkeypatch.setattr(matmul_floor, "best_seconds", lambda fn: log.append(library(fn())) or 0.25)
     products = [((2, 3), (3, 4)), ((4, 2), (2, 5))]
-    assert matmul_floor.matmul_floor_ms(products) == {"numpy": 1000.0, "torch": 1000.0}
+    assert matmul_floor.matmul_floor_ms(products) == {"numpy": 500.0, "torch": 500.0}
     assert log == [("settle", "numpy"), "numpy", "numpy", ("settle", "torch"), "torch", "torch"]
+
+
+def test_settle_calls_until_its_time_has_passed(monkeypatch):
+    """SETTLE_SECONDS is 0.1: read at 0.0, the clock then reads 0.05 (go on), 0.1 (stop)."""
+    from benchmarks import matmul_floor
+
+    readings = iter([0.0, 0.05, 0.1, 0.15])
+    monkeypatch.setattr(matmul_floor.time, "perf_counter", lambda: next(readings))
+    calls = []
+    matmul_floor.settle(lambda: calls.append(1))
+    assert len(calls) == 2
 
 
 def library(product) -> str:
