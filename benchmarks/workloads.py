@@ -81,19 +81,30 @@ def alternate(sides: tuple[Callable, Callable], pairs: int, threads: int) -> tup
     the engine's 22.8 and 17.3; a 2-thread product of one library straight after one of
     the other took ~4 ms against ~0.5, and 0.7-0.9 after 25 ms of anything else. So each
     side takes turns of STEPS_PER_TURN timed steps, after untimed steps that last at least
-    SETTLE_SECONDS."""
-    turn, settle, start = 1, 0, 0
-    if threads > 1:
-        first_steps = [timed(side, 0)[0] for side in sides]  # untimed: sizes the settling
-        turn, settle, start = STEPS_PER_TURN, math.ceil(SETTLE_SECONDS / min(first_steps)), 1
+    SETTLE_SECONDS: as many as SETTLE_SECONDS holds of the fastest step seen so far (an
+    untimed probe step of each side first)."""
+    if threads == 1:
+        return _take_turns(sides, pairs, turn=1, start=0, fastest=None)
+    probe = [timed(side, 0)[0] for side in sides]
+    return _take_turns(sides, pairs, STEPS_PER_TURN, start=1, fastest=min(probe))
+
+
+def _take_turns(
+    sides, pairs: int, turn: int, start: int, fastest: float | None
+) -> tuple[list, list]:
+    """alternate's loop: turns of `turn` timed steps from the run's batch `start` on, each
+    side's turn after ceil(SETTLE_SECONDS / fastest) untimed steps (none if fastest is None)."""
     times: tuple[list, list] = ([], [])
     i = start
     while len(times[0]) < pairs:
         k = min(turn, pairs - len(times[0]))
+        settle = 0 if fastest is None else math.ceil(SETTLE_SECONDS / fastest)
         for side, out in zip(sides, times, strict=True):
             for j in range(settle):
                 side(i + j)
             out.extend(timed(side, i + settle + j) for j in range(k))
+            if fastest is not None:
+                fastest = min(fastest, *(seconds for seconds, _ in out[-k:]))
         i += settle + k
     return times
 

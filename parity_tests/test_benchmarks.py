@@ -62,14 +62,20 @@ def test_matmul_floor_lists_every_flop_of_the_step(name):
     assert flops == flops_per_step(workload, MiniGPT(config))
 
 
-def alternated(threads: int, pairs: int, monkeypatch) -> tuple[list, tuple]:
-    """The calls workloads.alternate makes of two recording sides, each step 'taking' 40 ms."""
+def alternated(threads: int, pairs: int, monkeypatch, seconds=lambda i: 0.04) -> tuple:
+    """The calls workloads.alternate makes of two recording sides, the step on batch i
+    'taking' seconds(i)."""
     from benchmarks import workloads
 
-    monkeypatch.setattr(workloads, "timed", lambda fn, *args: (0.04, fn(*args)))
+    monkeypatch.setattr(workloads, "timed", lambda fn, i: (seconds(i), fn(i)))
     calls = []
     sides = tuple(lambda i, name=name: calls.append(f"{name}{i}") or i for name in "et")
     return calls, workloads.alternate(sides, pairs, threads)
+
+
+def turn_calls(first: int, last: int) -> list[str]:
+    """A turn of each side, the engine's first, on batches first..last."""
+    return [f"{side}{i}" for side in "et" for i in range(first, last + 1)]
 
 
 def test_alternate_on_one_thread_takes_one_step_each_in_turn(monkeypatch):
@@ -82,13 +88,16 @@ def test_alternate_on_more_threads_settles_before_each_turn(monkeypatch):
     """A probe step each sizes the settling (0.1 s / 0.04 s: 3 untimed steps a turn); turns
     of 5 timed steps, the last one shorter; both sides take the same batches."""
     calls, (engine, torch_) = alternated(2, 7, monkeypatch)
-
-    def turn(first: int, last: int) -> list[str]:
-        return [f"{side}{i}" for side in "et" for i in range(first, last + 1)]
-
-    assert calls == ["e0", "t0"] + turn(1, 8) + turn(9, 13)
+    assert calls == ["e0", "t0"] + turn_calls(1, 8) + turn_calls(9, 13)
     timed_batches = [4, 5, 6, 7, 8, 12, 13]  # after 3 settling steps in each turn
     assert engine == torch_ == [(0.04, i) for i in timed_batches]
+
+
+def test_alternate_settles_for_the_fastest_step_seen_so_far(monkeypatch):
+    """A 50 ms probe: 2 settling steps in the first turn; its 25 ms steps: 4 in the next."""
+    calls, (engine, torch_) = alternated(2, 7, monkeypatch, lambda i: 0.05 if i == 0 else 0.025)
+    assert calls == ["e0", "t0"] + turn_calls(1, 7) + turn_calls(8, 13)
+    assert [i for _, i in engine] == [i for _, i in torch_] == [3, 4, 5, 6, 7, 12, 13]
 
 
 def test_matmul_floor_times_each_librarys_products_together_after_settling(monkeypatch):
