@@ -133,7 +133,8 @@ def add_generate_command(commands) -> None:
         "generate",
         help="generate from a trained checkpoint",
         description="Greedy decoding from a copy/reverse checkpoint (--source), or greedy / "
-        "sampled text from a char-lm checkpoint (--prompt).",
+        "sampled text from a language model's checkpoint (--prompt): char-lm, lm, or a GPT-2 "
+        "made by import-hf.",
     )
     add_checkpoint_argument(gen)
     add_source_or_prompt(
@@ -143,24 +144,27 @@ def add_generate_command(commands) -> None:
         "--max-new-tokens",
         type=positive_int,
         help="tokens to generate (default: copy/reverse the source's length + 1, EOS included; "
-        "char-lm 80)",
+        "char-lm, lm 80)",
     )
     gen.add_argument(
         "--temperature",
         type=float,
-        help="char-lm: 0 is greedy; above 0 samples from softmax(logits / T) (default: 0, or 1 "
+        help="char-lm, lm: 0 is greedy; above 0 samples from softmax(logits / T) (default: 0, or 1 "
         "with --top-k / --top-p)",
     )
     gen.add_argument(
-        "--top-k", type=positive_int, help="char-lm: sample among the k likeliest (samples)"
+        "--top-k", type=positive_int, help="char-lm, lm: sample among the k likeliest (samples)"
     )
     gen.add_argument(
         "--top-p",
         type=positive_float,
-        help="char-lm: sample among the likeliest whose mass reaches p, 0 < p <= 1 (samples)",
+        help="char-lm, lm: sample among the likeliest whose mass reaches p, 0 < p <= 1 (samples)",
     )
     gen.add_argument(
-        "--seed", type=non_negative_int, default=0, help="char-lm: the sampler's seed (default: 0)"
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="char-lm, lm: the sampler's seed (default: 0)",
     )
     gen.add_argument(
         "--no-cache",
@@ -342,7 +346,7 @@ def _generate_sequence(args: argparse.Namespace, checkpoint) -> int:
     source = source_ids(args.source, checkpoint)
     if any(value is not None for value in (args.temperature, args.top_k, args.top_p)):
         raise InputError(
-            "--temperature, --top-k and --top-p are for char-lm checkpoints; "
+            "--temperature, --top-k and --top-p are for language models (char-lm, lm); "
             "copy/reverse decode greedily"
         )
     max_new = args.max_new_tokens or source.shape[1] + 1  # the symbols, then EOS

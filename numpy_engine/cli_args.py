@@ -79,7 +79,8 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_source_or_prompt(parser: argparse.ArgumentParser, source_use: str, prompt_use: str) -> None:
-    """What the model reads: --source ids for a copy/reverse checkpoint, or a char-lm --prompt."""
+    """What the model reads: --source ids for a copy/reverse checkpoint, or a language model's
+    --prompt (char-lm, lm)."""
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--source",
@@ -89,7 +90,7 @@ def add_source_or_prompt(parser: argparse.ArgumentParser, source_use: str, promp
         help=f"copy/reverse: the source symbols, ids {SYMBOLS[0]}..{SYMBOLS[-1]}, 1 to "
         f"{MAX_SEQUENCE_LENGTH} of them as in training (e.g. --source 4 7 9); {source_use}",
     )
-    what.add_argument("--prompt", help=f"char-lm: {prompt_use}")
+    what.add_argument("--prompt", help=f"char-lm, lm: {prompt_use}")
 
 
 def run_command(args: argparse.Namespace) -> int:

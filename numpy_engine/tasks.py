@@ -179,4 +179,7 @@ def corpus_from_meta(meta: dict, text: str = "") -> Corpus:
         return TokenizerCorpus(meta["tokenizer"], text)
     if "vocabulary" in meta:
         return CharCorpus(text, vocabulary=meta["vocabulary"])
-    raise InputError("the checkpoint keeps no tokenizer or vocabulary: it cannot read text")
+    raise InputError(
+        "the checkpoint keeps no tokenizer or vocabulary, so it cannot read text: import-hf "
+        "keeps the tokenizer.json it finds in the directory (put it there, then import again)"
+    )

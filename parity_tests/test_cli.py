@@ -283,7 +283,9 @@ def test_generate_from_a_source_is_the_librarys_greedy_decode(
 def test_each_sampling_flag_is_refused_for_a_copy_checkpoint(untrained_copy, flag, capsys):
     run = ["generate", "--checkpoint", str(untrained_copy), "--source", "4", *flag]
     assert engine_main(run) == 2
-    assert "are for char-lm checkpoints; copy/reverse decode greedily" in capsys.readouterr().err
+    assert "are for language models (char-lm, lm); copy/reverse decode greedily" in (
+        capsys.readouterr().err
+    )
 
 
 def test_flags_at_the_edge_of_their_range(capsys):

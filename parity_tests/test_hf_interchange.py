@@ -158,6 +158,20 @@ def test_import_refuses_a_malformed_directory(tmp_path, capsys, hf_dir, config, 
     assert not (tmp_path / "run" / "checkpoint.npz").exists()
 
 
+def test_a_model_imported_without_its_tokenizer_says_how_to_read_text(tmp_path, capsys, hf_dir):
+    """spoiled() copies config.json and the weights, not tokenizer.json: the import works,
+    and reading text says where the tokenizer must be, with exit 2."""
+    run, text = tmp_path / "run", tmp_path / "text.txt"
+    text.write_text(DEFAULT_TEXT)
+    assert cli(capsys, "import-hf", str(spoiled(tmp_path, hf_dir)), "--out", str(run))[0] == 0
+    for command in (
+        ("generate", "--checkpoint", str(run), "--prompt", "to be"),
+        ("train", "lm", "--init", str(run), "--text", str(text), "--steps", "1"),
+    ):
+        status, _, err = cli(capsys, *command)
+        assert status == 2 and "no tokenizer or vocabulary" in err and "tokenizer.json" in err
+
+
 def old_hub_layout(weights: dict) -> dict:
     """Weights as older hub files hold them: no "transformer." prefix, each block's causal
     mask buffers (attn.bias, attn.masked_bias), and the tied head saved as lm_head.weight."""
