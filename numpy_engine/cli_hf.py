@@ -4,6 +4,8 @@ cli.py; the work is in hf.py)."""
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from numpy_engine.cli_args import add_checkpoint_argument
 
@@ -37,6 +39,12 @@ def run_import(args: argparse.Namespace) -> int:
     from numpy_engine.hf import import_hf
 
     print(f"wrote {import_hf(args.directory, args.out)}")
+    if not (Path(args.directory) / "tokenizer.json").is_file():
+        print(
+            f"note: {args.directory} has no tokenizer.json, so the checkpoint reads no text "
+            "(generate --prompt, train lm --text) until it is imported with one",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -159,11 +159,12 @@ def test_import_refuses_a_malformed_directory(tmp_path, capsys, hf_dir, config, 
 
 
 def test_a_model_imported_without_its_tokenizer_says_how_to_read_text(tmp_path, capsys, hf_dir):
-    """spoiled() copies config.json and the weights, not tokenizer.json: the import works,
-    and reading text says where the tokenizer must be, with exit 2."""
+    """spoiled() copies config.json and the weights, not tokenizer.json: the import works and
+    says so, and reading text says where the tokenizer must be, with exit 2."""
     run, text = tmp_path / "run", tmp_path / "text.txt"
     text.write_text(DEFAULT_TEXT)
-    assert cli(capsys, "import-hf", str(spoiled(tmp_path, hf_dir)), "--out", str(run))[0] == 0
+    status, _, err = cli(capsys, "import-hf", str(spoiled(tmp_path, hf_dir)), "--out", str(run))
+    assert status == 0 and "has no tokenizer.json, so the checkpoint reads no text" in err
     for command in (
         ("generate", "--checkpoint", str(run), "--prompt", "to be"),
         ("train", "lm", "--init", str(run), "--text", str(text), "--steps", "1"),
