@@ -80,7 +80,8 @@ def add_train_command(commands) -> None:
         choices=list(REFERENCE_RUNS),
         help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
         "char-lm: MiniGPT on a character corpus; lm: fine-tune a checkpoint (--init) on "
-        "--text with its own tokenizer (the tasks of configs.REFERENCE_RUNS)",
+        "--text with its own tokenizer, or without --init train a small GPT-2 from scratch on "
+        "the text's characters (the tasks of configs.REFERENCE_RUNS)",
     )
     for name, (kind, text) in RUN_FLAGS.items():
         train.add_argument(_flag(name), type=kind, help=f"{text} ({_defaults(name)})")

@@ -15,6 +15,7 @@ from numpy_engine.cli import build_parser as engine_parser
 from numpy_engine.cli import main as engine_main
 from numpy_engine.cli_args import parse_command
 from numpy_engine.generate import greedy_decode
+from numpy_engine.models.gpt2 import GPT2
 from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.train import SequenceTrainConfig, train_sequence_task
 
@@ -120,6 +121,16 @@ def test_char_lm_trains_on_a_text_file_and_generates(tmp_path):
     outside = run_cli("generate", "--checkpoint", str(out), "--prompt", "xyz")
     assert outside.returncode == 2 and "outside the vocabulary: ['x', 'y', 'z']" in outside.stderr
     assert len(outside.stderr.strip().splitlines()) == 1 and "Traceback" not in outside.stderr
+
+
+def test_lm_without_init_trains_a_small_gpt2_on_the_texts_characters(tmp_path, capsys):
+    text, out = tmp_path / "abc.txt", tmp_path / "run"
+    text.write_text("abcabc " * 40)
+    run = ["train", "lm", "--text", str(text), "--steps", "2", "--out", str(out), "--quiet"]
+    assert engine_main(run) == 0
+    checkpoint = load_checkpoint(out)
+    assert type(checkpoint.model) is GPT2 and checkpoint.meta["vocabulary"] == " abc"
+    assert (checkpoint.model.config.d_model, checkpoint.model.config.max_len) == (32, 64)
 
 
 @pytest.mark.parametrize(
