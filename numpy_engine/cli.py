@@ -28,6 +28,7 @@ from numpy_engine.cli_args import (
     parse_command,
     positive_float,
     positive_int,
+    refuse_to_overwrite,
     refuse_with_each_commands_usage,
     run_command,
     source_ids,
@@ -286,6 +287,11 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     reference = REFERENCE_RUNS[args.task]
     for name in given.keys() - {f.name for f in dataclasses.fields(reference)}:
         raise InputError(f"{_flag(name)} does not apply to {args.task}")
+    if args.out:
+        kept = [os.path.join(args.out, "checkpoint.npz")]
+        refuse_to_overwrite(
+            "--out", args.out, kept, f"continue it with --resume {args.out}, or give another --out"
+        )
     cfg = dataclasses.replace(reference, **given)
     checkpointing = None
     if args.checkpoint_every:

@@ -69,6 +69,18 @@ def int_in(low: int, high: int):
     return parse
 
 
+def refuse_to_overwrite(flag: str, value: str, paths: list[str], hint: str) -> None:
+    """No command writes over what a user already has (a run, a checkpoint, a model
+    directory): refuse before any work is done, naming what is there. value is the flag's
+    directory, which must not be a file."""
+    if os.path.isfile(value) and not all(path == value for path in paths):
+        raise InputError(f"{flag} {value} is a file, not a directory")
+    there = [path for path in paths if os.path.exists(path)]
+    if there:
+        verb = "exists" if len(there) == 1 else "exist"
+        raise InputError(f"{flag} {value}: {', '.join(there)} already {verb}; {hint}")
+
+
 def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint",

@@ -4,10 +4,11 @@ cli.py; the work is in hf.py)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from numpy_engine.cli_args import add_checkpoint_argument
+from numpy_engine.cli_args import add_checkpoint_argument, refuse_to_overwrite
 
 
 def add_hf_commands(commands) -> None:
@@ -36,8 +37,10 @@ def add_hf_commands(commands) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    from numpy_engine.checkpoint import resolve
     from numpy_engine.hf import import_hf
 
+    refuse_to_overwrite("--out", args.out, [str(resolve(args.out))], "give another --out")
     print(f"wrote {import_hf(args.directory, args.out)}")
     if not (Path(args.directory) / "tokenizer.json").is_file():
         print(
@@ -49,7 +52,9 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from numpy_engine.hf import export_hf
+    from numpy_engine.hf import HF_FILES, export_hf
 
+    written = [os.path.join(args.to, name) for name in HF_FILES]
+    refuse_to_overwrite("--to", args.to, written, "give a new directory")
     print(f"wrote {export_hf(args.checkpoint, args.to)}")
     return 0

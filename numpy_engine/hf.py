@@ -190,6 +190,9 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     return save_checkpoint(out, model, None, meta)
 
 
+HF_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # what export_hf writes
+
+
 def export_hf(checkpoint_path: str | Path, to: str | Path) -> Path:
     """An engine GPT-2 checkpoint as a directory GPT2LMHeadModel.from_pretrained loads."""
     st = _safetensors_numpy()

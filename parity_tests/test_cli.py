@@ -272,6 +272,23 @@ def untrained_copy(tmp_path_factory):
     return out
 
 
+def test_train_keeps_an_existing_run_and_refuses_a_file_as_out(untrained_copy, tmp_path, capsys):
+    """A run already in --out is not trained over: exit 2 before any step, the files as they
+    were; continuing it is --resume's work."""
+    kept = {path.name: path.read_bytes() for path in untrained_copy.iterdir()}
+    capsys.readouterr()
+    assert engine_main(["train", "copy", "--steps", "2", "--out", str(untrained_copy)]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint.npz already exists; continue it with --resume {untrained_copy}" in err
+    assert "step" not in err  # no progress line: refused before training
+    assert {path.name: path.read_bytes() for path in untrained_copy.iterdir()} == kept
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert engine_main(["train", "copy", "--steps", "1", "--out", str(a_file), "--quiet"]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert a_file.read_text() == "mine"
+
+
 @pytest.mark.parametrize("flags, max_new", [([], 4), (["--max-new-tokens", "2"], 2)])
 def test_generate_from_a_source_is_the_librarys_greedy_decode(
     untrained_copy, flags, max_new, capsys

@@ -173,6 +173,23 @@ def test_a_model_imported_without_its_tokenizer_says_how_to_read_text(tmp_path, 
         assert status == 2 and "no tokenizer or vocabulary" in err and "tokenizer.json" in err
 
 
+def test_import_and_export_write_over_nothing_a_user_has(tmp_path, capsys, hf_dir):
+    """export-hf back into the directory the model came from, or import-hf over a checkpoint:
+    refused with exit 2, every file as it was."""
+    run = tmp_path / "run"
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(run))[0] == 0
+    before = {path: path.read_bytes() for path in [*hf_dir.iterdir(), *run.iterdir()]}
+    status, _, err = cli(capsys, "import-hf", str(hf_dir), "--out", str(run))
+    assert status == 2 and "checkpoint.npz already exists; give another --out" in err
+    status, _, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(hf_dir))
+    assert status == 2 and "model.safetensors" in err and "already exist; give a new" in err
+    assert {path: path.read_bytes() for path in before} == before
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    status, _, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(a_file))
+    assert status == 2 and "is a file, not a directory" in err and a_file.read_text() == "mine"
+
+
 def old_hub_layout(weights: dict) -> dict:
     """Weights as older hub files hold them: no "transformer." prefix, each block's causal
     mask buffers (attn.bias, attn.masked_bias), and the tied head saved as lm_head.weight."""
