@@ -15,6 +15,8 @@ from numpy_engine.cli_args import (
     non_negative_int,
     parse_command,
     positive_int,
+    refuse_a_file,
+    refuse_to_overwrite,
     refuse_with_each_commands_usage,
     run_command,
 )
@@ -131,6 +133,8 @@ def run_bench(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from crosscheck.interchange import export_checkpoint
 
+    written = [args.to, f"{args.to}.json"]  # the state dict and its description
+    refuse_to_overwrite("--to", args.to, written, "give another --to")
     written = export_checkpoint(args.checkpoint, args.to)
     print(f"wrote {written} and {written}.json")
     return 0
@@ -138,7 +142,11 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_import(args: argparse.Namespace) -> int:
     from crosscheck.interchange import import_state_dict
+    from numpy_engine.checkpoint import resolve
 
+    if not args.out.endswith(".npz"):
+        refuse_a_file("--out", args.out)
+    refuse_to_overwrite("--out", args.out, [str(resolve(args.out))], "give another --out")
     written = import_state_dict(args.state_dict, args.out, args.config)
     print(f"wrote {written}")
     return 0

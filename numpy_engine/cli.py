@@ -28,6 +28,7 @@ from numpy_engine.cli_args import (
     parse_command,
     positive_float,
     positive_int,
+    refuse_a_file,
     refuse_to_overwrite,
     refuse_with_each_commands_usage,
     run_command,
@@ -288,6 +289,7 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     for name in given.keys() - {f.name for f in dataclasses.fields(reference)}:
         raise InputError(f"{_flag(name)} does not apply to {args.task}")
     if args.out:
+        refuse_a_file("--out", args.out)
         kept = [os.path.join(args.out, "checkpoint.npz")]
         refuse_to_overwrite(
             "--out", args.out, kept, f"continue it with --resume {args.out}, or give another --out"

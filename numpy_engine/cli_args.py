@@ -71,14 +71,17 @@ def int_in(low: int, high: int):
 
 def refuse_to_overwrite(flag: str, value: str, paths: list[str], hint: str) -> None:
     """No command writes over what a user already has (a run, a checkpoint, a model
-    directory): refuse before any work is done, naming what is there. value is the flag's
-    directory, which must not be a file."""
-    if os.path.isfile(value) and not all(path == value for path in paths):
-        raise InputError(f"{flag} {value} is a file, not a directory")
+    directory, an exported file): refuse before any work is done, naming what is there."""
     there = [path for path in paths if os.path.exists(path)]
     if there:
         verb = "exists" if len(there) == 1 else "exist"
         raise InputError(f"{flag} {value}: {', '.join(there)} already {verb}; {hint}")
+
+
+def refuse_a_file(flag: str, value: str) -> None:
+    """flag names a directory to write into; an existing file there is the user's."""
+    if os.path.isfile(value):
+        raise InputError(f"{flag} {value} is a file, not a directory")
 
 
 def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:

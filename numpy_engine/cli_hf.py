@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from numpy_engine.cli_args import add_checkpoint_argument, refuse_to_overwrite
+from numpy_engine.cli_args import add_checkpoint_argument, refuse_a_file, refuse_to_overwrite
 
 
 def add_hf_commands(commands) -> None:
@@ -40,6 +40,8 @@ def run_import(args: argparse.Namespace) -> int:
     from numpy_engine.checkpoint import resolve
     from numpy_engine.hf import import_hf
 
+    if not args.out.endswith(".npz"):
+        refuse_a_file("--out", args.out)
     refuse_to_overwrite("--out", args.out, [str(resolve(args.out))], "give another --out")
     print(f"wrote {import_hf(args.directory, args.out)}")
     if not (Path(args.directory) / "tokenizer.json").is_file():
@@ -54,6 +56,7 @@ def run_import(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from numpy_engine.hf import HF_FILES, export_hf
 
+    refuse_a_file("--to", args.to)
     written = [os.path.join(args.to, name) for name in HF_FILES]
     refuse_to_overwrite("--to", args.to, written, "give a new directory")
     print(f"wrote {export_hf(args.checkpoint, args.to)}")

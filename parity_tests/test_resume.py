@@ -182,7 +182,7 @@ def test_a_damaged_checkpoint_is_refused_by_name(trained, tmp_path):
         load_checkpoint(tmp_path / "short.npz")
 
 
-def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_path):
+def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_path, capsys):
     pt = tmp_path / "model.pt"
     result = subprocess.run(
         cli("export", "--checkpoint", str(trained), "--to", str(pt)), capture_output=True, text=True
@@ -210,6 +210,25 @@ def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_
     assert result.returncode == 0, result.stderr
     reloaded = load_checkpoint(back).model
     assert all(np.array_equal(reloaded.params[k], v) for k, v in engine.params.items())
+    assert_written_over_nothing(trained, pt, back, capsys)
+
+
+def assert_written_over_nothing(trained, pt, back, capsys) -> None:
+    """export and import again to the same places: exit 2, naming what is there, every file
+    as it was."""
+    from crosscheck.cli import main as crosscheck_main
+
+    kept = {
+        path: path.read_bytes() for path in (pt, pt.with_name("model.pt.json"), *back.iterdir())
+    }
+    for again, there in (
+        (["export", "--checkpoint", str(trained), "--to", str(pt)], "model.pt.json already exist;"),
+        (["import", str(pt), "--out", str(back)], "checkpoint.npz already exists;"),
+    ):
+        capsys.readouterr()
+        assert crosscheck_main(again) == 2, again
+        assert there in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in kept} == kept
 
 
 def test_import_refuses_anything_but_weights(trained, tmp_path):
