@@ -179,15 +179,23 @@ def test_import_and_export_write_over_nothing_a_user_has(tmp_path, capsys, hf_di
     run = tmp_path / "run"
     assert cli(capsys, "import-hf", str(hf_dir), "--out", str(run))[0] == 0
     before = {path: path.read_bytes() for path in [*hf_dir.iterdir(), *run.iterdir()]}
-    status, _, err = cli(capsys, "import-hf", str(hf_dir), "--out", str(run))
-    assert status == 2 and "checkpoint.npz already exists; give another --out" in err
+    npz = run / "checkpoint.npz"
+    for out in (run, npz):
+        status, _, err = cli(capsys, "import-hf", str(hf_dir), "--out", str(out))
+        assert status == 2 and f"--out {out}: {npz} already exists; give another --out" in err
     status, _, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(hf_dir))
-    assert status == 2 and "model.safetensors" in err and "already exist; give a new" in err
+    assert status == 2 and f"--to {hf_dir}: {hf_dir / 'config.json'}, " in err
+    assert "model.safetensors" in err and "already exist; give a new" in err
     assert {path: path.read_bytes() for path in before} == before
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
-    status, _, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(a_file))
-    assert status == 2 and "is a file, not a directory" in err and a_file.read_text() == "mine"
+    for command in (
+        ("export-hf", "--checkpoint", str(run), "--to", str(a_file)),
+        ("import-hf", str(hf_dir), "--out", str(a_file)),
+    ):
+        status, _, err = cli(capsys, *command)
+        assert status == 2 and f"{a_file} is a file, not a directory" in err
+    assert a_file.read_text() == "mine"
 
 
 def old_hub_layout(weights: dict) -> dict:

@@ -187,7 +187,7 @@ def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_
     result = subprocess.run(
         cli("export", "--checkpoint", str(trained), "--to", str(pt)), capture_output=True, text=True
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0 and result.stdout == f"wrote {pt} and {pt}.json\n", result.stderr
     described = json.loads(pt.with_name("model.pt.json").read_text())
     saved = load_checkpoint(trained)
     assert described["kind"] == saved.model.kind and described["meta"] == {
@@ -208,22 +208,28 @@ def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_
         cli("import", str(pt), "--out", str(back)), capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+    assert result.stdout == f"wrote {back / 'checkpoint.npz'}\n"
     reloaded = load_checkpoint(back).model
     assert all(np.array_equal(reloaded.params[k], v) for k, v in engine.params.items())
     assert_written_over_nothing(trained, pt, back, capsys)
 
 
 def assert_written_over_nothing(trained, pt, back, capsys) -> None:
-    """export and import again to the same places: exit 2, naming what is there, every file
-    as it was."""
+    """export and import again to the same places, or into a file: exit 2, naming what is
+    there, every file as it was."""
     from crosscheck.cli import main as crosscheck_main
 
+    npz = back / "checkpoint.npz"
+    a_file = back / "notes.txt"
+    a_file.write_text("mine")
     kept = {
         path: path.read_bytes() for path in (pt, pt.with_name("model.pt.json"), *back.iterdir())
     }
     for again, there in (
-        (["export", "--checkpoint", str(trained), "--to", str(pt)], "model.pt.json already exist;"),
-        (["import", str(pt), "--out", str(back)], "checkpoint.npz already exists;"),
+        (["export", "--checkpoint", str(trained), "--to", str(pt)], f"--to {pt}: {pt}, "),
+        (["import", str(pt), "--out", str(back)], f"--out {back}: {npz} already exists;"),
+        (["import", str(pt), "--out", str(npz)], f"--out {npz}: {npz} already exists;"),
+        (["import", str(pt), "--out", str(a_file)], f"--out {a_file} is a file, not a"),
     ):
         capsys.readouterr()
         assert crosscheck_main(again) == 2, again
