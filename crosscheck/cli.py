@@ -15,7 +15,7 @@ from numpy_engine.cli_args import (
     non_negative_int,
     parse_command,
     positive_int,
-    refuse_a_file,
+    refuse_an_existing_checkpoint,
     refuse_to_overwrite,
     refuse_with_each_commands_usage,
     run_command,
@@ -133,8 +133,8 @@ def run_bench(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from crosscheck.interchange import export_checkpoint
 
-    written = [args.to, f"{args.to}.json"]  # the state dict and its description
-    refuse_to_overwrite("--to", args.to, written, "give another --to")
+    files = [args.to, f"{args.to}.json"]  # the state dict and its description
+    refuse_to_overwrite("--to", args.to, files, "give another --to")
     written = export_checkpoint(args.checkpoint, args.to)
     print(f"wrote {written} and {written}.json")
     return 0
@@ -142,11 +142,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_import(args: argparse.Namespace) -> int:
     from crosscheck.interchange import import_state_dict
-    from numpy_engine.checkpoint import resolve
 
-    if not args.out.endswith(".npz"):
-        refuse_a_file("--out", args.out)
-    refuse_to_overwrite("--out", args.out, [str(resolve(args.out))], "give another --out")
+    refuse_an_existing_checkpoint("--out", args.out)
     written = import_state_dict(args.state_dict, args.out, args.config)
     print(f"wrote {written}")
     return 0

@@ -84,6 +84,15 @@ def refuse_a_file(flag: str, value: str) -> None:
         raise InputError(f"{flag} {value} is a file, not a directory")
 
 
+def refuse_an_existing_checkpoint(flag: str, out: str) -> None:
+    """out is where a checkpoint goes: a .npz path, or a directory that gets checkpoint.npz."""
+    from numpy_engine.checkpoint import resolve
+
+    if not out.endswith(".npz"):
+        refuse_a_file(flag, out)
+    refuse_to_overwrite(flag, out, [str(resolve(out))], f"give another {flag}")
+
+
 def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint",

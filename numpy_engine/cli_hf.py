@@ -8,7 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from numpy_engine.cli_args import add_checkpoint_argument, refuse_a_file, refuse_to_overwrite
+from numpy_engine.cli_args import (
+    add_checkpoint_argument,
+    refuse_a_file,
+    refuse_an_existing_checkpoint,
+    refuse_to_overwrite,
+)
 
 
 def add_hf_commands(commands) -> None:
@@ -37,12 +42,9 @@ def add_hf_commands(commands) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from numpy_engine.checkpoint import resolve
     from numpy_engine.hf import import_hf
 
-    if not args.out.endswith(".npz"):
-        refuse_a_file("--out", args.out)
-    refuse_to_overwrite("--out", args.out, [str(resolve(args.out))], "give another --out")
+    refuse_an_existing_checkpoint("--out", args.out)
     print(f"wrote {import_hf(args.directory, args.out)}")
     if not (Path(args.directory) / "tokenizer.json").is_file():
         print(
