@@ -28,8 +28,7 @@ from numpy_engine.cli_args import (
     parse_command,
     positive_float,
     positive_int,
-    refuse_a_file,
-    refuse_to_overwrite,
+    refuse_an_existing_checkpoint,
     refuse_with_each_commands_usage,
     run_command,
     source_ids,
@@ -289,11 +288,8 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     for name in given.keys() - {f.name for f in dataclasses.fields(reference)}:
         raise InputError(f"{_flag(name)} does not apply to {args.task}")
     if args.out:
-        refuse_a_file("--out", args.out)
-        kept = [os.path.join(args.out, "checkpoint.npz")]
-        refuse_to_overwrite(
-            "--out", args.out, kept, f"continue it with --resume {args.out}, or give another --out"
-        )
+        hint = f"continue it with --resume {args.out}, or give another --out"
+        refuse_an_existing_checkpoint("--out", args.out, hint)
     cfg = dataclasses.replace(reference, **given)
     checkpointing = None
     if args.checkpoint_every:

@@ -84,13 +84,14 @@ def refuse_a_file(flag: str, value: str) -> None:
         raise InputError(f"{flag} {value} is a file, not a directory")
 
 
-def refuse_an_existing_checkpoint(flag: str, out: str) -> None:
-    """out is where a checkpoint goes: a .npz path, or a directory that gets checkpoint.npz."""
+def refuse_an_existing_checkpoint(flag: str, out: str, hint: str = "") -> None:
+    """out is where a checkpoint goes: a .npz path, or a directory that gets checkpoint.npz
+    (a run's directory too); hint says what to do instead (default: give another flag)."""
     from numpy_engine.checkpoint import resolve
 
     if not out.endswith(".npz"):
         refuse_a_file(flag, out)
-    refuse_to_overwrite(flag, out, [str(resolve(out))], f"give another {flag}")
+    refuse_to_overwrite(flag, out, [str(resolve(out))], hint or f"give another {flag}")
 
 
 def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
