@@ -330,7 +330,9 @@ def _gelu_backward_block(dout, x, e, dx, inner) -> None:
     inner *= 1.5 * _GELU_K * _GELU_A
     inner += 0.5 * _GELU_K
     inner *= x  # 0.5 x k (1 + 3 a x^2)
-    with np.errstate(divide="ignore"):  # e = 0 far in the upper tail: 1/e = inf, 1 - t = 0
+    # far in the upper tail e is 0 (1/e divides by zero) or below 1/max (1/e overflows:
+    # float32 x in ~[10.0, 10.7], float64 ~[21.1, 21.5]); either way 1/e = inf, 1 - t = 0
+    with np.errstate(divide="ignore", over="ignore"):
         np.divide(1.0, e, out=dx)  # np.reciprocal takes twice as long
     dx += 1.0
     np.divide(2.0, dx, out=dx)  # 1 - t

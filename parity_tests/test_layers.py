@@ -250,6 +250,30 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
     assert np.array_equal(L.gelu_backward(dout, cache), whole_dx)
 
 
+@pytest.mark.parametrize(("dtype", "tail"), [(np.float32, (9.0, 12.0)), (np.float64, (20.0, 23.0))])
+def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail):
+    """Where e = exp(-2u) is below 1 / dtype's max (float32 x ~10.0-10.7, float64 ~21.1-21.5),
+    the backward's 1 / e overflows to inf, which is right (1 - t = 0). Under training's
+    errstate (overflow and division by zero raise) it stopped `train char-lm --steps 2000`
+    at step 1999 as a divergence. Both tails, against torch's float64 GELU."""
+    import torch
+
+    x = np.concatenate([np.linspace(*tail, 3001), -np.linspace(*tail, 3001)]).astype(dtype)
+    dout = rng_of(0).standard_normal(x.shape).astype(dtype)
+    with np.errstate(over="raise", divide="raise"):
+        out, cache = L.gelu_forward(x)
+        dx = L.gelu_backward(dout, cache)
+    x_ref = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    out_ref = torch.nn.functional.gelu(x_ref, approximate="tanh")
+    out_ref.backward(torch.tensor(dout, dtype=torch.float64))
+    ours, ref = {"out": out, "dx": dx}, {"out": out_ref.detach().numpy(), "dx": x_ref.grad.numpy()}
+    if dtype == np.float64:
+        assert_all_close_float64("gelu tails", ours, ref)
+    for key, value in ours.items():  # float32: its rounding, ~1e-7 (seen 1.0e-7 and 1.5e-8)
+        error = np.linalg.norm(value - ref[key]) / np.linalg.norm(ref[key])
+        assert error <= 1e-6, f"{key}: {error:.2e}"
+
+
 @pytest.mark.parametrize("B, rows", [(5, 2), (2, 1)])
 @pytest.mark.parametrize("offset", [0.0, 100.0])
 @pytest.mark.parametrize("mask", ["causal", "padding", "per head", "none"])
