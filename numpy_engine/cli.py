@@ -92,7 +92,10 @@ def add_train_command(commands) -> None:
         help="char-lm, lm: a UTF-8 text file to train on (default: a built-in line of Hamlet)",
     )
     train.add_argument(
-        "--out", metavar="DIR", help="keep result.json, history.json and checkpoint.npz in DIR"
+        "--out",
+        metavar="DIR",
+        help="keep result.json, history.json and checkpoint.npz in DIR; Ctrl-C (or SIGTERM) "
+        "stops the run after the step in progress and saves its checkpoint there, for --resume",
     )
     train.add_argument(
         "--checkpoint-every",
@@ -291,8 +294,8 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
         hint = f"continue it with --resume {args.out}, or give another --out"
         refuse_an_existing_checkpoint("--out", args.out, hint)
     cfg = dataclasses.replace(reference, **given)
-    checkpointing = None
-    if args.checkpoint_every:
+    checkpointing = None  # with --out: every --checkpoint-every steps, and when stopped
+    if args.out:
         checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every)
     text = read_text(args.text) if args.text else None
     return train.run_task(cfg, text, stream, checkpointing, parallel=parallel)

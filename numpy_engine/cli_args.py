@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 
 import numpy as np
@@ -121,7 +122,8 @@ def add_source_or_prompt(parser: argparse.ArgumentParser, source_use: str, promp
 def run_command(args: argparse.Namespace) -> int:
     """args.run(args), with each kind of failure as one line on stderr and its exit status:
     2 for the user's input (InputError) or a file, 1 for a run that stopped (divergence,
-    memory, numerics). Anything else is a bug in the engine, and surfaces as a traceback."""
+    memory, numerics), 128 + the signal for Ctrl-C (130) or a training run's SIGTERM (143).
+    Anything else is a bug in the engine, and surfaces as a traceback."""
     try:
         # an overflow or a division by zero is an error with a message, never a raw warning;
         # invalid operations are silent (OpenBLAS can flag them spuriously) and a real NaN is
@@ -131,6 +133,10 @@ def run_command(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt as stop:  # Ctrl-C: one line, not a traceback
+        status = getattr(stop, "status", 128 + signal.SIGINT)  # TrainingInterrupted's own
+        print(f"numpy-engine {args.command}: {str(stop) or 'interrupted'}", file=sys.stderr)
+        return status
     except Exception as error:
         message, status = failure(args.command, error)
         if status is None:

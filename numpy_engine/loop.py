@@ -19,6 +19,7 @@ from numpy_engine.memory import check_fits
 from numpy_engine.models import Model
 from numpy_engine.optim import NonFiniteGradients, Optimizer
 from numpy_engine.params import unflatten
+from numpy_engine.stopping import StopRequests, TrainingInterrupted
 
 
 @dataclass
@@ -51,7 +52,7 @@ class TrainRun:
 @dataclass(frozen=True)
 class Checkpointing:
     out: Path
-    every: int  # steps between checkpoints
+    every: int | None  # steps between checkpoints; None: only when a signal stops the run
 
 
 class TrainingDiverged(RuntimeError):
@@ -178,7 +179,9 @@ def run_loop(
 
     Saves a checkpoint every checkpointing.every steps; returns the run's timing. parallel
     (parallel.DataParallel): the gradient over ranks and micro-batches; only its root rank
-    prints progress and writes checkpoints.
+    prints progress and writes checkpoints. Ctrl-C or SIGTERM (one process only) stops the
+    run after the step in progress, saved if there is a checkpointing.out: the loop raises
+    TrainingInterrupted (numpy_engine/stopping.py).
     """
     if parallel is not None and not parallel.is_root:
         progress_stream = checkpointing = None
@@ -186,27 +189,29 @@ def run_loop(
         parallel.group.broadcast(state.model.flat)  # rank 0's weights on every rank
     history, first_step, last_saved = state.history, state.step, None
     progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
-    while state.step < cfg.steps:
-        step = state.step + 1
-        try:
-            loss, grads = step_gradient(state, step, next_batch(state.sampler), parallel)
-            grad_norm = guarded_update(state, step, grads, cfg.clip)
-        except TrainingDiverged as error:
-            if last_saved is None:
-                raise
-            raise TrainingDiverged(
-                f"{error}; the checkpoint of step {last_saved} is intact"
-            ) from None
-        state.step = step
-        history["step"].append(step)
-        history["train_loss"].append(loss)
-        history["grad_norm"].append(grad_norm)
-        due = step % cfg.eval_every == 0 or step == cfg.steps
-        progress.update(step, loss, evaluate(state) if evaluate and due else "")
-        if checkpointing and step % checkpointing.every == 0:
-            optimizer_state = state.optimizer.state_dict()
-            save_checkpoint(checkpointing.out, state.model, optimizer_state, meta(state))
-            last_saved = step
+    one_process = parallel is None or parallel.group.size == 1
+    with StopRequests(enabled=one_process) as stop:
+        while state.step < cfg.steps:
+            step = state.step + 1
+            try:
+                loss, grads = step_gradient(state, step, next_batch(state.sampler), parallel)
+                grad_norm = guarded_update(state, step, grads, cfg.clip)
+            except TrainingDiverged as error:
+                if last_saved is None:
+                    raise
+                raise TrainingDiverged(
+                    f"{error}; the checkpoint of step {last_saved} is intact"
+                ) from None
+            state.step = step
+            history["step"].append(step)
+            history["train_loss"].append(loss)
+            history["grad_norm"].append(grad_norm)
+            due = step % cfg.eval_every == 0 or step == cfg.steps
+            progress.update(step, loss, evaluate(state) if evaluate and due else "")
+            if checkpointing and checkpointing.every and step % checkpointing.every == 0:
+                last_saved = _save(state, checkpointing, meta)
+            if stop.signum is not None and step < cfg.steps:  # at the last step: finish
+                _stop(state, cfg, checkpointing, meta, stop.signum, last_saved)
     seconds = time.perf_counter() - start
     speed = (cfg.steps - first_step) / max(seconds, 1e-9)
     return {
@@ -214,6 +219,24 @@ def run_loop(
         "seconds": round(seconds, 3),
         "steps_per_second": round(speed, 1),
     }
+
+
+def _save(state: TrainState, checkpointing: Checkpointing, meta) -> int:
+    """Write the run's checkpoint; returns the step it holds."""
+    optimizer_state = state.optimizer.state_dict()
+    save_checkpoint(checkpointing.out, state.model, optimizer_state, meta(state))
+    return state.step
+
+
+def _stop(state, cfg, checkpointing, meta, signum: int, last_saved) -> None:
+    """The run asked to stop by a signal, between steps: save it (unless this step was just
+    saved) and raise TrainingInterrupted."""
+    saved_in = None
+    if checkpointing is not None:
+        if last_saved != state.step:
+            _save(state, checkpointing, meta)
+        saved_in = checkpointing.out
+    raise TrainingInterrupted(signum, state.step, cfg.steps, saved_in)
 
 
 def check_step_fits(what: str, kind: type[Model], config, batch_size: int, length: int) -> None:

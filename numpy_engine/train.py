@@ -249,7 +249,7 @@ def resume(
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]
     model = checkpoint.model
-    checkpointing = Checkpointing(Path(out_dir), checkpoint_every) if checkpoint_every else None
+    checkpointing = Checkpointing(Path(out_dir), checkpoint_every)  # saved when stopped, too
     optimizer = cfg.optimizer(model.params)
     optimizer.load_state_dict(checkpoint.optimizer_state)
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
