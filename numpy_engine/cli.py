@@ -95,7 +95,8 @@ def add_train_command(commands) -> None:
         "--out",
         metavar="DIR",
         help="keep result.json, history.json and checkpoint.npz in DIR; Ctrl-C (or SIGTERM) "
-        "stops the run after the step in progress and saves its checkpoint there, for --resume",
+        "stops the run after the step in progress and saves its checkpoint there, for --resume "
+        "(one process: under mpiexec, Ctrl-C ends every rank at once)",
     )
     train.add_argument(
         "--checkpoint-every",

@@ -11,6 +11,7 @@ rank (docs/gradients.md#data-parallel), the same vector on every rank, the same 
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import struct
 import sys
@@ -183,29 +184,40 @@ def run_as_rank(parallel: DataParallel, body, command: str) -> int:
     """body() on this rank of a data-parallel run, so that an error ends every rank with one
     message: a failure inside a step's gradient is raised where it happened and the other
     ranks stop quietly (PeerStopped); any other error is said by rank 0 (or by the rank it
-    happened on alone), and then MPI_Abort ends every rank, so none waits in a collective."""
+    happened on alone), and then MPI_Abort ends every rank, so none waits in a collective.
+    Ctrl-C likewise: mpiexec passes it to every rank, and a rank that left on its own would
+    leave the others waiting for it in the step's sum (numpy_engine/stopping.py)."""
     from numpy_engine.cli_args import failure
 
     try:
         return body()
     except PeerStopped:
         raise
+    except KeyboardInterrupt:
+        if parallel.group.size == 1:
+            raise  # one process: the command line's own message and status
+        _abort_every_rank(parallel, f"numpy-engine {command}: interrupted", 128 + signal.SIGINT)
     except Exception as error:
         if getattr(error, "on_this_rank_only", False) or parallel.group.size == 1:
             raise  # the others are stopping too: the usual message and status
         message, status = failure(command, error)
-        if not parallel.is_root:
-            # the same error on rank 0 (bad flags, a missing file: every rank meets it) ends
-            # this rank in rank 0's Abort, with rank 0's message; one met here alone is said
-            # after this grace, by this rank
-            time.sleep(ABORT_GRACE_SECONDS)
         message = message or f"numpy-engine {command}: {error!r}"
-        where = "" if parallel.is_root else f" (on rank {parallel.group.rank} alone)"
-        print(message + where, file=sys.stderr)
-        sys.stderr.flush()
-        wait_until_read(sys.stderr.fileno(), STDERR_READ_WAIT_SECONDS)
-        parallel.group.abort(status or 1)
-        os._exit(status or 1)  # MPICH's Abort can return to its caller: never run on
+        _abort_every_rank(parallel, message, status or 1, alone=True)
+
+
+def _abort_every_rank(parallel: DataParallel, message: str, status: int, alone=False) -> None:
+    """Say message, then end every rank with MPI_Abort. Rank 0 says it at once; another rank
+    first waits a grace, in which rank 0's Abort ends it when rank 0 met the same (bad flags,
+    a missing file, Ctrl-C: every rank meets them), and then says it naming itself (`alone`:
+    an error only this rank met)."""
+    if not parallel.is_root:
+        time.sleep(ABORT_GRACE_SECONDS)
+        message += f" (on rank {parallel.group.rank}{' alone' if alone else ''})"
+    print(message, file=sys.stderr)
+    sys.stderr.flush()
+    wait_until_read(sys.stderr.fileno(), STDERR_READ_WAIT_SECONDS)
+    parallel.group.abort(status)
+    os._exit(status)  # MPICH's Abort can return to its caller: never run on
 
 
 def wait_until_read(fd: int, seconds: float) -> None:

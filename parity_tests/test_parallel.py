@@ -112,6 +112,30 @@ def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert json.loads((killed / "result.json").read_text())["steps"] == int(steps)
 
 
+def test_ctrl_c_under_mpi_ends_every_rank_with_one_line(tmp_path):
+    """mpiexec passes Ctrl-C (SIGINT) to every rank. A rank that left on its own would leave
+    the others waiting for it in the step's sum: rank 0 (or, if it is inside that sum, rank
+    1) says it, and MPI_Abort ends them all; the last checkpoint is intact."""
+    out = tmp_path / "run"
+    args = ["train", "char-lm", "--data-parallel", "--quiet", "--steps", "100000"]
+    runner = [MPIEXEC, "-n", "2", sys.executable, *cli(*args, "--out", str(out))]
+    runner += ["--checkpoint-every", "10"]
+    process = subprocess.Popen(
+        runner, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not (out / "checkpoint.npz").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    try:
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert stderr.count("numpy-engine train: interrupted") == 1, stderr
+    assert load_checkpoint(out).meta["step"] >= 10
+
+
 def test_a_run_resumes_on_a_different_number_of_ranks(tmp_path):
     run = tmp_path / "run"
     started = mpiexec(
