@@ -18,7 +18,7 @@ from threadpoolctl import threadpool_limits
 from numpy_engine import loop
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli_args import run_command
-from numpy_engine.stopping import TrainingInterrupted
+from numpy_engine.stopping import StopRequests, TrainingInterrupted
 from numpy_engine.train import Checkpointing, SequenceTrainConfig, resume, train_sequence_task
 
 CFG = SequenceTrainConfig(steps=12, eval_every=6)
@@ -51,7 +51,9 @@ def test_a_signal_stops_the_run_after_its_step_saved_and_it_resumes_bit_for_bit(
         monkeypatch.undo()
         assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers
         assert (stopped.value.step, stopped.value.status) == (5, 128 + signum)
-        assert f"after step 5 of 12; saved in {tmp_path}: continue with" in str(stopped.value)
+        assert stopped.value.saved_in == tmp_path
+        how = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "SIGTERM"
+        assert str(stopped.value).startswith(f"stopped by {how} after step 5 of 12; saved in ")
         assert load_checkpoint(tmp_path).meta["step"] == 5
         resumed = resume(tmp_path, None)
     for key, value in whole.model.params.items():
@@ -70,6 +72,7 @@ def test_a_signal_on_a_checkpoint_step_saves_once_and_without_out_nothing(monkey
     assert saves == [2, 4]  # step 4's own save, not a second one
     with pytest.raises(TrainingInterrupted, match=r"step 4 of 12; nothing saved \(give --out"):
         train_sequence_task(CFG, None, None, None)
+    assert saves == [2, 4]
 
 
 def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(monkeypatch, tmp_path):
@@ -97,6 +100,19 @@ def test_an_ignored_signal_stays_ignored(monkeypatch):
     finally:
         signal.signal(signal.SIGINT, before)
     assert run.history["step"][-1] == CFG.steps
+
+
+def test_a_handler_set_outside_python_is_left_alone(monkeypatch):
+    """signal.getsignal says None for a handler C code set: it cannot be put back, so it
+    is not replaced."""
+    getsignal = signal.getsignal
+    monkeypatch.setattr(
+        signal, "getsignal", lambda s: None if s == signal.SIGTERM else getsignal(s)
+    )
+    before = getsignal(signal.SIGTERM)
+    with StopRequests() as stop:
+        assert getsignal(signal.SIGTERM) is before
+        assert getsignal(signal.SIGINT) == stop._note
 
 
 def test_a_run_outside_the_main_thread_trains_without_handlers():
