@@ -16,6 +16,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -378,7 +379,10 @@ def forward_to_crosscheck(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    return subprocess.run([sys.executable, "-m", "crosscheck", *argv]).returncode
+    try:
+        return subprocess.run([sys.executable, "-m", "crosscheck", *argv]).returncode
+    except KeyboardInterrupt:  # Ctrl-C reached the command too, which says so (run_command)
+        return 128 + signal.SIGINT
 
 
 def main(argv: list[str] | None = None) -> int:

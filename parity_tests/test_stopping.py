@@ -133,6 +133,19 @@ def test_ctrl_c_outside_training_is_one_line_and_status_130(capsys):
     assert capsys.readouterr().err == "numpy-engine generate: interrupted\n"
 
 
+def test_ctrl_c_in_a_command_handed_to_crosscheck_is_said_there_once(monkeypatch, capsys):
+    """Ctrl-C at a terminal reaches `numpy-engine bench` and the `python -m crosscheck` it
+    runs: crosscheck's run_command says so; the engine's side adds no traceback, no line."""
+    from numpy_engine import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.subprocess, "run", interrupted)
+    assert cli.main(["bench", "--steps", "3"]) == 130
+    assert capsys.readouterr() == ("", "")
+
+
 def test_sigterm_on_the_command_line_saves_the_run_and_exits_143(tmp_path):
     out = tmp_path / "run"
     run = subprocess.Popen(
