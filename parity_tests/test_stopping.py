@@ -18,6 +18,7 @@ from threadpoolctl import threadpool_limits
 from numpy_engine import loop
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli_args import run_command
+from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.stopping import StopRequests, TrainingInterrupted
 from numpy_engine.train import Checkpointing, SequenceTrainConfig, resume, train_sequence_task
 
@@ -45,16 +46,16 @@ def test_a_signal_stops_the_run_after_its_step_saved_and_it_resumes_bit_for_bit(
     handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     with threadpool_limits(1):  # the same bits in both runs
         whole = train_sequence_task(CFG, None, None)
-        signalled_at(monkeypatch, 5, signum)
+        signalled_at(monkeypatch, 7, signum)  # past eval_every
         with pytest.raises(TrainingInterrupted) as stopped:
             train_sequence_task(CFG, None, None, Checkpointing(tmp_path, None))
         monkeypatch.undo()
         assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers
-        assert (stopped.value.step, stopped.value.status) == (5, 128 + signum)
+        assert (stopped.value.step, stopped.value.status) == (7, 128 + signum)
         assert stopped.value.saved_in == tmp_path
         how = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "SIGTERM"
-        assert str(stopped.value).startswith(f"stopped by {how} after step 5 of 12; saved in ")
-        assert load_checkpoint(tmp_path).meta["step"] == 5
+        assert str(stopped.value).startswith(f"stopped by {how} after step 7 of 12; saved in ")
+        assert load_checkpoint(tmp_path).meta["step"] == 7
         resumed = resume(tmp_path, None)
     for key, value in whole.model.params.items():
         assert np.array_equal(value, resumed.model.params[key]), key
@@ -100,6 +101,24 @@ def test_an_ignored_signal_stays_ignored(monkeypatch):
     finally:
         signal.signal(signal.SIGINT, before)
     assert run.history["step"][-1] == CFG.steps
+
+
+class TwoRanks(OneProcess):
+    """Rank 0 of two whose peer holds the same sums (each Allreduce doubles them)."""
+
+    size = 2
+
+    def allreduce_sum(self, buffer: np.ndarray) -> None:
+        buffer *= 2
+
+
+def test_a_rank_of_a_data_parallel_run_keeps_pythons_ctrl_c(monkeypatch):
+    """Ranks would stop after different steps and wait for one another in the next sum: a
+    rank's Ctrl-C stays a KeyboardInterrupt at once (run_as_rank then ends every rank)."""
+    signalled_at(monkeypatch, 3, signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        train_sequence_task(CFG, None, None, None, None, DataParallel(TwoRanks(), 1))
+    assert type(stopped.value) is KeyboardInterrupt
 
 
 def test_a_handler_set_outside_python_is_left_alone(monkeypatch):
