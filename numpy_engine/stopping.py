@@ -2,8 +2,8 @@
 
 Python's defaults stop the process wherever it is: Ctrl-C with a traceback from inside a
 layer, SIGTERM without a word, and either loses what the run did since its last
-checkpoint. While a run trains, the first of these signals is only noted, and the loop
-stops after the step in progress. Between steps the parameters, the optimizer's moments
+checkpoint. While a run trains, the first of these signals is noted (and acknowledged on
+stderr at once), and the loop stops after the step in progress. Between steps the parameters, the optimizer's moments
 and the batch sampler agree with one another, so the loop can save a checkpoint there
 that resumes bit for bit. A second signal stops at once (KeyboardInterrupt): the
 checkpoints already written are intact, since each is replaced atomically.
@@ -17,10 +17,13 @@ handler was set outside Python, is left as it is.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+ACKNOWLEDGED = "stopping after the step in progress; a second Ctrl-C stops at once, unsaved\n"
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -67,3 +70,7 @@ class StopRequests:
         if self.signum is not None:
             raise KeyboardInterrupt  # the second: at once, mid-step
         self.signum = signum
+        # said now, not after the step and the save (seconds on GPT-2), lest a second
+        # Ctrl-C cut them short; os.write, not print: the main thread may be in a print
+        with contextlib.suppress(OSError):
+            os.write(2, ACKNOWLEDGED.encode())

@@ -19,7 +19,7 @@ from numpy_engine import loop
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli_args import run_command
 from numpy_engine.parallel import DataParallel, OneProcess
-from numpy_engine.stopping import StopRequests, TrainingInterrupted
+from numpy_engine.stopping import ACKNOWLEDGED, StopRequests, TrainingInterrupted
 from numpy_engine.train import Checkpointing, SequenceTrainConfig, resume, train_sequence_task
 
 CFG = SequenceTrainConfig(steps=12, eval_every=6)
@@ -41,7 +41,7 @@ def signalled_at(monkeypatch, step: int, *signums: int) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_after_its_step_saved_and_it_resumes_bit_for_bit(
-    monkeypatch, tmp_path, signum
+    monkeypatch, tmp_path, capfd, signum
 ):
     handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     with threadpool_limits(1):  # the same bits in both runs
@@ -56,6 +56,7 @@ def test_a_signal_stops_the_run_after_its_step_saved_and_it_resumes_bit_for_bit(
         how = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "SIGTERM"
         assert str(stopped.value).startswith(f"stopped by {how} after step 7 of 12; saved in ")
         assert load_checkpoint(tmp_path).meta["step"] == 7
+        assert capfd.readouterr().err == ACKNOWLEDGED  # at once, from the handler
         resumed = resume(tmp_path, None)
     for key, value in whole.model.params.items():
         assert np.array_equal(value, resumed.model.params[key]), key
@@ -183,7 +184,7 @@ def test_sigterm_on_the_command_line_saves_the_run_and_exits_143(tmp_path):
         run.kill()
     assert run.returncode == 143 and stdout == ""
     step = load_checkpoint(out).meta["step"]
-    assert stderr == (
+    assert stderr == ACKNOWLEDGED + (
         f"numpy-engine train: stopped by SIGTERM after step {step} of 100000; saved in {out}: "
         f"continue with `numpy-engine train --resume {out}`\n"
     )
