@@ -23,10 +23,14 @@ from numpy_engine.reductions import dot_last, mean_last, sum_leading
 # ----------------------------------------------------------------------------- linear
 
 
-# Small weights are copied into (in, out) order for a product over many rows (A/B: char-lm
-# 0.7-1.5% faster than on a W.T view); a large weight's copy costs more (GPT-2's: 14%), and
-# so does any copy for a few rows (decoding with the KV cache: 1100 -> 956 tokens/s).
-SMALL_WEIGHT_ENTRIES, MANY_ROWS = 65536, 64
+# Tiny weights are copied into (in, out) order for a product over many rows: at the copy
+# model's (up to 3K entries, 96-256 rows) the product on the copy, copy included, took
+# 10-25% less than on a W.T view. Past 4K entries the copy, a strided transpose at ~1 ns an
+# entry, cost more than it saved (Intel, one thread, in-process A/B): without it, char-lm's
+# step was 0.4% faster, a d_model 128 MiniGPT's 1.2% (1024 rows) and 6.3% (128 rows), and
+# its generation past the context (each step reruns the window's 128 rows) 7-16%; GPT-2's
+# copies had cost 14%. No copy for a few rows either (the KV cache's decoding step).
+SMALL_WEIGHT_ENTRIES, MANY_ROWS = 4096, 64
 
 
 def linear_forward(
