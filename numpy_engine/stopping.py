@@ -5,8 +5,9 @@ layer, SIGTERM without a word, and either loses what the run did since its last
 checkpoint. While a run trains, the first of these signals is noted (and acknowledged on
 stderr at once), and the loop stops after the step in progress. Between steps the
 parameters, the optimizer's moments and the batch sampler agree with one another, so the
-loop can save a checkpoint there that resumes bit for bit. A second signal stops at once (KeyboardInterrupt): the
-checkpoints already written are intact, since each is replaced atomically.
+loop can save a checkpoint there that resumes bit for bit. A second signal stops at once
+(KeyboardInterrupt): the checkpoints already written are intact, since each is replaced
+atomically.
 
 Only in the main thread of a single process. Python runs signal handlers in the main
 thread, and the ranks of a data-parallel run would each stop after a different step and
