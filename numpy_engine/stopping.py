@@ -11,7 +11,8 @@ atomically.
 
 Only in the main thread of a single process. Python runs signal handlers in the main
 thread, and the ranks of a data-parallel run would each stop after a different step and
-then wait for one another forever; there mpiexec's own handling stops them. A signal the
+then wait for one another forever: there Ctrl-C ends every rank at once
+(parallel.run_as_rank), and the last --checkpoint-every checkpoint resumes. A signal the
 process ignores (SIG_IGN, as SIGINT in a job started with & from a script), or one whose
 handler was set outside Python, is left as it is.
 """
