@@ -176,9 +176,9 @@ def test_sigterm_on_the_command_line_saves_the_run_and_exits_143(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60  # a run that never saves fails, not hangs
+    checkpoint, deadline = out / "checkpoint.npz", time.monotonic() + 60  # fail, not hang
     try:
-        while not (out / "checkpoint.npz").exists() and time.monotonic() < deadline:
+        while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         run.send_signal(signal.SIGTERM)
         stdout, stderr = run.communicate(timeout=60)
