@@ -17,7 +17,7 @@ BACKWARD_CODE = {
         "normalize_backward",
         "relu_backward",
         "gelu_backward",
-        "_gelu_backward_block",
+        "_gelu_block",  # the forward's chain computes the derivative too
         "ffn_backward",
     ),
     "numpy_engine/attention.py": (
@@ -84,7 +84,7 @@ FORWARD_CODE = {
         "normalize_forward",
         "relu_forward",
         "gelu_forward",
-        "_gelu_forward_block",
+        "_gelu_block",
         "ffn_forward",
     ),
     "numpy_engine/attention.py": (

@@ -296,56 +296,45 @@ _LOG2_E = 1.0 / math.log(2.0)  # exp(z) = exp2(z log2 e): NumPy's exp2 takes hal
 def gelu_forward(x: np.ndarray) -> tuple:
     """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh".
 
-    With e = exp(-2u), 1 + tanh(u) = 2 / (1 + e), so out = x / (1 + e). tanh(u) itself rounds
-    near -1 (or 1) in GELU's tails, and 1 + tanh(u) (or 1 - tanh(u), in the backward) would
-    keep only the digits of that rounding: a unit whose inputs sit in a tail would get a
-    gradient of noise. The chain runs on blocks of rows that stay in cache (blocking.py).
+    With e = exp(-2u) and s = 1 / (1 + e) = (1 + tanh(u)) / 2, out = x s. tanh(u) itself
+    rounds near -1 (or 1) in GELU's tails, and 1 + tanh(u) (or 1 - tanh(u), in the
+    derivative) would keep only the digits of that rounding: a unit whose inputs sit in a
+    tail would get a gradient of noise. s and 1 - s = e s have no such subtraction.
+    The forward also computes the derivative, while its inputs sit in cache: the cache is
+    that one array, and the backward is one product. The chain runs on blocks of rows
+    that stay in cache (blocking.py).
     """
-    out, e = np.empty_like(x), np.empty_like(x)
-    in_row_blocks(_gelu_forward_block, (as_rows(x),), (as_rows(out), as_rows(e)))
-    cache = (x, e)
-    return out, cache
+    out, slope = np.empty_like(x), np.empty_like(x)
+    in_row_blocks(_gelu_block, (as_rows(x),), (as_rows(out), as_rows(slope)))
+    return out, slope
 
 
-def _gelu_forward_block(x, out, e) -> None:
-    np.multiply(x, x, out=e)
-    e *= -2 * _GELU_K * _GELU_A * _LOG2_E
+def _gelu_block(x, out, slope) -> None:
+    """out = x s and slope = s (1 + (1 - s) 2 x k (1 + 3 a x^2)) on one block of rows."""
+    e = np.multiply(x, x, out=slope)  # x^2, kept in slope until the derivative needs it
+    e = np.multiply(e, -2 * _GELU_K * _GELU_A * _LOG2_E)
     e -= 2 * _GELU_K * _LOG2_E
     e *= x  # -2u log2 e, u = k (x + a x^3) = x (k + k a x^2); x**3 would call pow, ~100x slower
-    with np.errstate(over="ignore"):  # far in the lower tail e = inf: then out = x / inf = 0
-        np.exp2(e, out=e)  # e = exp(-2u)
-    np.add(e, 1.0, out=out)
-    np.divide(x, out, out=out)
+    # capped two below the largest exponent: e stays finite, so 1 - s = e s is never inf * 0,
+    # and s = 1 / (1 + e) stays a normal number (far in the lower tail, out = x s is then
+    # |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0)
+    np.minimum(e, np.finfo(x.dtype).maxexp - 2, out=e)
+    np.exp2(e, out=e)  # e = exp(-2u)
+    s = np.add(e, 1.0, out=out)
+    np.divide(1.0, s, out=s)  # s = 1 / (1 + e)
+    e *= s  # 1 - s
+    slope *= 6 * _GELU_K * _GELU_A
+    slope += 2 * _GELU_K
+    slope *= x  # 2u' x = 2 x k (1 + 3 a x^2)
+    slope *= e
+    slope += 1.0
+    slope *= s  # d(x s)/dx = s + x s (1 - s) 2u', s = sigmoid(2u)
+    out *= x
 
 
-def gelu_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
-    """See docs/gradients.md#gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), factored as
-    (1 + t) (0.5 + (1 - t) 0.5 x k (1 + 3 a x^2)) since 1 - t^2 = (1 + t)(1 - t), with
-    1 + t = 2 / (1 + e) and 1 - t = 2 / (1 + 1/e), each accurate in both tails."""
-    x, e = cache
-    dx, inner = np.empty_like(x), np.empty_like(x)
-    rows = (as_rows(dout), as_rows(x), as_rows(e))
-    in_row_blocks(_gelu_backward_block, rows, (as_rows(dx), as_rows(inner)))
-    return dx
-
-
-def _gelu_backward_block(dout, x, e, dx, inner) -> None:
-    np.multiply(x, x, out=inner)
-    inner *= 1.5 * _GELU_K * _GELU_A
-    inner += 0.5 * _GELU_K
-    inner *= x  # 0.5 x k (1 + 3 a x^2)
-    # far in the upper tail e is 0 (1/e divides by zero) or below 1/max (1/e overflows:
-    # float32 x in ~[10.0, 10.7], float64 ~[21.1, 21.5]); either way 1/e = inf, 1 - t = 0
-    with np.errstate(divide="ignore", over="ignore"):
-        np.divide(1.0, e, out=dx)  # np.reciprocal takes twice as long
-    dx += 1.0
-    np.divide(2.0, dx, out=dx)  # 1 - t
-    dx *= inner
-    dx += 0.5
-    one_plus_t = np.add(e, 1.0, out=inner)  # inner is not needed again
-    np.divide(2.0, one_plus_t, out=one_plus_t)
-    dx *= one_plus_t
-    dx *= dout
+def gelu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
+    """See docs/gradients.md#gelu: dout times the derivative the forward computed."""
+    return dout * cache
 
 
 ACTIVATIONS = {

@@ -252,10 +252,12 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
 
 @pytest.mark.parametrize(("dtype", "tail"), [(np.float32, (9.0, 12.0)), (np.float64, (20.0, 23.0))])
 def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail):
-    """Where e = exp(-2u) is below 1 / dtype's max (float32 x ~10.0-10.7, float64 ~21.1-21.5),
-    the backward's 1 / e overflows to inf, which is right (1 - t = 0). Under training's
-    errstate (overflow and division by zero raise) it stopped `train char-lm --steps 2000`
-    at step 1999 as a divergence. Both tails, against torch's float64 GELU."""
+    """Far in the tails e = exp(-2u) leaves the float range: it underflows in the upper tail
+    and is capped in the lower (float32 x below ~-10, float64 ~-20.4). An earlier backward
+    took 1 / e, which overflowed where e was below 1 / dtype's max (float32 x ~10.0-10.7,
+    float64 ~21.1-21.5): under training's errstate (overflow and division by zero raise) it
+    stopped `train char-lm --steps 2000` at step 1999 as a divergence. Both tails, through
+    the cap, against torch's float64 GELU."""
     import torch
 
     x = np.concatenate([np.linspace(*tail, 3001), -np.linspace(*tail, 3001)]).astype(dtype)
