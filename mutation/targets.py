@@ -18,6 +18,7 @@ BACKWARD_CODE = {
         "relu_backward",
         "gelu_backward",
         "_gelu_block",  # the forward's chain computes the derivative too
+        "_gelu_slope",
         "ffn_backward",
     ),
     "numpy_engine/attention.py": (
@@ -85,6 +86,8 @@ FORWARD_CODE = {
         "relu_forward",
         "gelu_forward",
         "_gelu_block",
+        "_gelu_output_block",
+        "_exp_minus_2u",
         "ffn_forward",
     ),
     "numpy_engine/attention.py": (

@@ -89,18 +89,20 @@ def self_attention_block_forward(
     visible: np.ndarray,
     activation: str,
     past: KeysValues | None = None,
+    for_backward: bool = True,
 ) -> tuple:
     """The encoder block, and under a causal mask MiniGPT's decoder-only block.
 
     h = x + attn(ln1(x)); out = h + ffn(ln2(h)). x (B, T, C) -> (B, T, C). past: the
     attention's keys and values of earlier positions (see self_attention_forward);
-    keys_values(cache.attn) is the next step's.
+    keys_values(cache.attn) is the next step's. for_backward=False: decoding, whose cache
+    no backward reads (ffn_forward leaves out what only a backward needs).
     """
     xn, ln1, affine = normed(x, p, "ln1", 3 * x.shape[-1])  # into q, k, v
     a, attn = self_attention_forward(xn, sub(p, "attn."), n_heads, visible, past, affine)
     h = _residual(x, a)  # (B, T, C)
     hn, ln2, affine = normed(h, p, "ln2", len(p["ffn.fc1.bias"]))
-    f, ffn = ffn_forward(hn, sub(p, "ffn."), activation, affine)  # (B, T, C)
+    f, ffn = ffn_forward(hn, sub(p, "ffn."), activation, affine, for_backward)  # (B, T, C)
     out = _residual(h, f)
     return out, SelfBlockCache(ln1, attn, ln2, ffn)
 
@@ -138,12 +140,14 @@ def decoder_block_forward(
     activation: str,
     past: KeysValues | None = None,
     memory_kv: KeysValues | None = None,
+    for_backward: bool = True,
 ) -> tuple:
     """Causal self-attention, cross-attention over memory (B, S, C), then the FFN.
 
     h1 = y + self_attn(ln1(y)); h2 = h1 + cross_attn(ln2(h1), memory); out = h2 + ffn(ln3(h2)).
     For incremental decoding, past holds the self-attention's earlier keys and values and
-    memory_kv the cross-attention's over memory (see attention.py).
+    memory_kv the cross-attention's over memory (see attention.py); for_backward as in
+    self_attention_block_forward.
     """
     yn, ln1, affine = normed(y, p, "ln1", 3 * y.shape[-1])
     a, self_attn = self_attention_forward(
@@ -156,7 +160,7 @@ def decoder_block_forward(
     )
     h2 = _residual(h1, c)  # (B, T, C)
     h2n, ln3, affine = normed(h2, p, "ln3", len(p["ffn.fc1.bias"]))
-    f, ffn = ffn_forward(h2n, sub(p, "ffn."), activation, affine)
+    f, ffn = ffn_forward(h2n, sub(p, "ffn."), activation, affine, for_backward)
     out = _residual(h2, f)
     return out, DecoderBlockCache(ln1, self_attn, ln2, cross_attn, ln3, ffn)
 

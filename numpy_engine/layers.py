@@ -277,7 +277,8 @@ def normalize_backward(dxhat: np.ndarray, cache: tuple) -> np.ndarray:
 # ------------------------------------------------------------------------ activations
 
 
-def relu_forward(x: np.ndarray) -> tuple:
+def relu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
+    """max(x, 0); the cache is x itself, so for_backward changes nothing here."""
     out = np.maximum(x, 0)
     return out, x
 
@@ -293,7 +294,7 @@ _GELU_A = 0.044715
 _LOG2_E = 1.0 / math.log(2.0)  # exp(z) = exp2(z log2 e): NumPy's exp2 takes half exp's time
 
 
-def gelu_forward(x: np.ndarray) -> tuple:
+def gelu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
     """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh".
 
     With e = exp(-2u) and s = 1 / (1 + e) = (1 + tanh(u)) / 2, out = x s. tanh(u) itself
@@ -301,27 +302,56 @@ def gelu_forward(x: np.ndarray) -> tuple:
     derivative) would keep only the digits of that rounding: a unit whose inputs sit in a
     tail would get a gradient of noise. s and 1 - s = e s have no such subtraction.
     The forward also computes the derivative, while its inputs sit in cache: the cache is
-    that one array, and the backward is one product. The chain runs on blocks of rows
-    that stay in cache (blocking.py).
+    that one array, and the backward is one product. for_backward=False (decoding) skips
+    the derivative: the cache is then None, and out is x / (1 + e), within a rounding of
+    x s. The chain runs on blocks of rows that stay in cache (blocking.py).
     """
-    out, slope = np.empty_like(x), np.empty_like(x)
+    out = np.empty_like(x)
+    if not for_backward:
+        in_row_blocks(_gelu_output_block, (as_rows(x),), (as_rows(out),))
+        return out, None
+    slope = np.empty_like(x)
     in_row_blocks(_gelu_block, (as_rows(x),), (as_rows(out), as_rows(slope)))
     return out, slope
 
 
+_SQUARE_TO_EXP2 = -2 * _GELU_K * _GELU_A * _LOG2_E  # x^2 times this, minus the next, times x:
+_EXP2_OFFSET = 2 * _GELU_K * _LOG2_E  # -2u log2 e, u = k (x + a x^3) = x (k + k a x^2)
+
+
 def _gelu_block(x, out, slope) -> None:
     """out = x s and slope = s (1 + (1 - s) 2 x k (1 + 3 a x^2)) on one block of rows."""
-    e = np.multiply(x, x, out=slope)  # x^2, kept in slope until the derivative needs it
-    e = np.multiply(e, -2 * _GELU_K * _GELU_A * _LOG2_E)
-    e -= 2 * _GELU_K * _LOG2_E
-    e *= x  # -2u log2 e, u = k (x + a x^3) = x (k + k a x^2); x**3 would call pow, ~100x slower
-    # capped two below the largest exponent: e stays finite, so 1 - s = e s is never inf * 0,
-    # and s = 1 / (1 + e) stays a normal number (far in the lower tail, out = x s is then
-    # |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0)
-    np.minimum(e, np.finfo(x.dtype).maxexp - 2, out=e)
-    np.exp2(e, out=e)  # e = exp(-2u)
+    np.multiply(x, x, out=slope)  # x^2, kept in slope until the derivative needs it
+    e = _exp_minus_2u(x, np.multiply(slope, _SQUARE_TO_EXP2))
     s = np.add(e, 1.0, out=out)
     np.divide(1.0, s, out=s)  # s = 1 / (1 + e)
+    _gelu_slope(x, s, e, slope)
+    out *= x
+
+
+def _gelu_output_block(x, out) -> None:
+    """out = x / (1 + e) alone (decoding): two passes fewer than x s with s kept; the same
+    values to within a rounding."""
+    e = np.multiply(x, x)
+    e *= _SQUARE_TO_EXP2
+    e = _exp_minus_2u(x, e)
+    np.add(e, 1.0, out=out)
+    np.divide(x, out, out=out)
+
+
+def _exp_minus_2u(x, e):
+    """exp(-2u), written over e = x^2 _SQUARE_TO_EXP2 (x**3 would call pow, ~100x slower)."""
+    e -= _EXP2_OFFSET
+    e *= x  # -2u log2 e
+    # e <= 2^(maxexp - 2) (2^maxexp overflows; float32 2^126): e stays finite, so 1 - s = e s
+    # is never inf * 0, and s = 1 / (1 + e) stays a normal number (far in the lower tail,
+    # out = x s is then |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0)
+    np.minimum(e, np.finfo(x.dtype).maxexp - 2, out=e)
+    return np.exp2(e, out=e)
+
+
+def _gelu_slope(x, s, e, slope) -> None:
+    """slope = s (1 + (1 - s) 2 x k (1 + 3 a x^2)) from slope = x^2, s and e = exp(-2u)."""
     e *= s  # 1 - s
     slope *= 6 * _GELU_K * _GELU_A
     slope += 2 * _GELU_K
@@ -329,7 +359,6 @@ def _gelu_block(x, out, slope) -> None:
     slope *= e
     slope += 1.0
     slope *= s  # d(x s)/dx = s + x s (1 - s) 2u', s = sigmoid(2u)
-    out *= x
 
 
 def gelu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
@@ -354,12 +383,17 @@ class FFNCache(NamedTuple):
 
 
 def ffn_forward(
-    x: np.ndarray, p: dict[str, np.ndarray], activation: str, affine: tuple | None = None
+    x: np.ndarray,
+    p: dict[str, np.ndarray],
+    activation: str,
+    affine: tuple | None = None,
+    for_backward: bool = True,
 ) -> tuple:
-    """fc2(act(fc1(x))): (..., C) -> (..., F) -> (..., C). p holds fc1.* and fc2.*."""
+    """fc2(act(fc1(x))): (..., C) -> (..., F) -> (..., C). p holds fc1.* and fc2.*.
+    for_backward=False: decoding, whose cache no backward will read (see gelu_forward)."""
     act_forward, _ = ACTIVATIONS[activation]
     h, fc1_cache = linear_forward(x, p["fc1.weight"], p["fc1.bias"], affine)  # (..., F)
-    a, act_cache = act_forward(h)  # (..., F)
+    a, act_cache = act_forward(h, for_backward)  # (..., F)
     out, fc2_cache = linear_forward(a, p["fc2.weight"], p["fc2.bias"])  # (..., C)
     return out, FFNCache(fc1_cache, act_cache, fc2_cache, activation)
 

@@ -253,7 +253,7 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
 @pytest.mark.parametrize(("dtype", "tail"), [(np.float32, (9.0, 12.0)), (np.float64, (20.0, 23.0))])
 def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail):
     """Far in the tails e = exp(-2u) leaves the float range: it underflows in the upper tail
-    and is capped in the lower (float32 x below ~-10, float64 ~-20.4). An earlier backward
+    and is capped in the lower (float32 x below ~-10.0, float64 ~-21.1). An earlier backward
     took 1 / e, which overflowed where e was below 1 / dtype's max (float32 x ~10.0-10.7,
     float64 ~21.1-21.5): under training's errstate (overflow and division by zero raise) it
     stopped `train char-lm --steps 2000` at step 1999 as a divergence. Both tails, through
@@ -359,3 +359,17 @@ def test_slices_cover_the_range_in_blocks_of_about_block_bytes():
     assert slices(3, 100, 12) == [slice(0, 1), slice(1, 2), slice(2, 3)]  # one item a block
     assert slices(10, 4, 12, whole_bytes=40) == [slice(0, 10)]  # all fits: one slice
     assert slices(0, 4, 12) == [slice(0, 0)]  # nothing: one empty slice (it fits)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_without_its_derivative_is_the_same_output(dtype):
+    """for_backward=False (decoding) leaves out the derivative the backward would read: no
+    cache, and the output within two roundings (x / (1 + e) against x (1 / (1 + e))), tails
+    included: where e is capped, both are x 2^-cap exactly."""
+    x = np.concatenate([np.linspace(-25, 25, 2002), [-1e3, 1e3]]).astype(dtype).reshape(3, -1)
+    out, slope = L.gelu_forward(x)
+    forward_only, cache = L.gelu_forward(x, for_backward=False)
+    assert cache is None and slope.shape == x.shape
+    np.testing.assert_allclose(forward_only, out, rtol=2 * np.finfo(dtype).eps, atol=0)
+    capped = x < -22  # past float32 x ~ -10.0 and float64 ~ -21.1
+    assert capped.sum() > 10 and np.array_equal(forward_only[capped], out[capped])

@@ -267,7 +267,7 @@ class CachedGPTDecoder:
             visible = (np.arange(start + n)[None, :] <= start + np.arange(n)[:, None])[None, None]
         for i, past in enumerate(self.kv):
             x, block = self_attention_block_forward(
-                x, self.blocks[i], cfg.n_heads, visible, cfg.activation, past
+                x, self.blocks[i], cfg.n_heads, visible, cfg.activation, past, for_backward=False
             )
             self.kv[i] = keys_values(block.attn)
         self.length = start + n

@@ -352,6 +352,7 @@ class CachedSeq2SeqDecoder:
                 cfg.activation,
                 past,
                 self.memory_kv[i],
+                for_backward=False,
             )
             self.kv[i] = keys_values(block.self_attn)
         norm = p["decoder_norm.weight"], p["decoder_norm.bias"]
