@@ -1,13 +1,16 @@
 """Chains of elementwise passes, run block by block so each block stays in cache.
 
-A layer like GELU is a chain of ~10 NumPy passes over its (N, F) input; over the whole
+A layer like GELU is a chain of ~16 NumPy passes over its (N, F) input; over the whole
 array each pass reads and writes memory, over a block of rows that fits in L2 only the
-first pass does. Measured here, one thread, alternating old and new in one process (median
-of 15): GELU on float32 (4096, 1024), forward 12.2 -> 10.8 ms, backward 15.8 -> 13.3 ms; but
-on (256, 3072) (3 MB) 0.84 -> 0.92 and on (1024, 256) 0.24 -> 0.31: arrays that already sit
-in this machine's caches pay only the blocks' call overhead, so they run whole. The
-results are the same bits: the same operations in the same order, on fewer rows at a time.
-(Layernorm on (4096, 256), 4 MB, measured no gain either way: it runs whole.)
+first pass does. Measured here, one thread, alternating old and new in one process: the
+first GELU chains (7 passes forward, 13 backward; median of 15) on float32 (4096, 1024),
+forward 12.2 -> 10.8 ms, backward 15.8 -> 13.3 ms, but on (256, 3072) (3 MB) 0.84 -> 0.92
+and on (1024, 256) 0.24 -> 0.31, so arrays up to 4 MB ran whole. GELU's forward now also
+computes its derivative (16 passes over four arrays, layers.gelu_forward), and blocks pay
+at every size past one block (median of 60-80 forwards): (1024, 256) 1.20 -> 1.00 ms,
+(256, 3072) 4.83 -> 3.52 ms, (4096, 1024) 30.0 -> 18.4 ms; A/B char-lm 0.988 and 0.981.
+The results are the same bits: the same operations in the same order, on fewer rows at a
+time. (Layernorm on (4096, 256), 4 MB, measured no gain either way: it runs whole.)
 
 `slices` is the one helper that cuts work into cache-sized pieces; attention
 (`attention.batch_groups`), the fused readout + loss and the optimizer use it too, each
@@ -20,8 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-BLOCK_BYTES = 256 * 1024  # one block of the chain's first input; the best of 16-256 rows
-WHOLE_BYTES = 4 * 1024 * 1024  # up to this, the chain runs on the whole arrays
+BLOCK_BYTES = 256 * 1024  # one block of the chain's first input (64K-512K measured: best)
 
 
 def slices(n: int, item_bytes: int, block_bytes: int, whole_bytes: int = 0) -> list[slice]:
@@ -42,7 +44,7 @@ def in_row_blocks(chain: Callable, inputs: tuple, outputs: tuple) -> None:
     with the same number of rows); chain writes its results into the output blocks."""
     n_rows, width = inputs[0].shape
     row_bytes = width * inputs[0].itemsize
-    for block in slices(n_rows, row_bytes, BLOCK_BYTES, WHOLE_BYTES):
+    for block in slices(n_rows, row_bytes, BLOCK_BYTES):
         chain(*(a[block] for a in inputs), *(o[block] for o in outputs))
 
 

@@ -234,8 +234,8 @@ def test_blocks_fold_layernorms_only_into_small_projections_of_many_rows():
 
 
 def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
-    """GELU's chains run in row blocks on arrays past blocking.WHOLE_BYTES: forced here onto
-    blocks of 3 rows of an array of 10 (a short last block), the same bits as whole."""
+    """GELU's chains run in row blocks of blocking.BLOCK_BYTES: forced here onto blocks of 3
+    rows of an array of 10 (a short last block), the same bits as whole."""
     from numpy_engine import blocking
 
     rng = rng_of(0)
@@ -243,7 +243,6 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
     dout = rng.standard_normal(x.shape).astype(np.float32)
     whole, cache = L.gelu_forward(x)
     whole_dx = L.gelu_backward(dout, cache)
-    monkeypatch.setattr(blocking, "WHOLE_BYTES", 0)
     monkeypatch.setattr(blocking, "BLOCK_BYTES", 3 * 7 * 4)
     blocked, cache = L.gelu_forward(x)
     assert np.array_equal(blocked, whole)
