@@ -372,3 +372,15 @@ def test_gelu_without_its_derivative_is_the_same_output(dtype):
     np.testing.assert_allclose(forward_only, out, rtol=2 * np.finfo(dtype).eps, atol=0)
     capped = x < -22  # past float32 x ~ -10.0 and float64 ~ -21.1
     assert capped.sum() > 10 and np.array_equal(forward_only[capped], out[capped])
+
+
+def test_row_blocks_hold_about_block_bytes_of_the_first_input(monkeypatch):
+    """in_row_blocks cuts by the first input's row size: rows of 7 float32 (28 bytes) in
+    blocks of 84 bytes are 3 rows a block, whatever the outputs' widths."""
+    from numpy_engine import blocking
+
+    monkeypatch.setattr(blocking, "BLOCK_BYTES", 3 * 7 * 4)
+    rows_seen = []
+    x, out = np.ones((10, 7), np.float32), np.zeros((10, 2), np.float64)
+    blocking.in_row_blocks(lambda a, o: rows_seen.append((len(a), len(o))), (x,), (out,))
+    assert rows_seen == [(3, 3), (3, 3), (3, 3), (1, 1)]
