@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine.blocking import as_rows, in_row_blocks
+from numpy_engine.checks import InputTypeError
 from numpy_engine.keys import with_prefix
 from numpy_engine.reductions import dot_last, mean_last, sum_leading
 
@@ -292,6 +293,7 @@ def relu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
 _GELU_K = math.sqrt(2.0 / math.pi)
 _GELU_A = 0.044715
 _LOG2_E = 1.0 / math.log(2.0)  # exp(z) = exp2(z log2 e): NumPy's exp2 takes half exp's time
+_GELU_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def gelu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
@@ -306,6 +308,8 @@ def gelu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
     the derivative: the cache is then None, and out is x / (1 + e), within a rounding of
     x s. The chain runs on blocks of rows that stay in cache (blocking.py).
     """
+    if x.dtype not in _GELU_DTYPES:  # the cap of _exp_minus_2u is sized for these two
+        raise InputTypeError(f"gelu_forward: x must be float32 or float64, got {x.dtype}")
     out = np.empty_like(x)
     if not for_backward:
         in_row_blocks(_gelu_output_block, (as_rows(x),), (as_rows(out),))
@@ -345,7 +349,8 @@ def _exp_minus_2u(x, e):
     e *= x  # -2u log2 e
     # e <= 2^(maxexp - 2) (2^maxexp overflows; float32 2^126): e stays finite, so 1 - s = e s
     # is never inf * 0, and s = 1 / (1 + e) stays a normal number (far in the lower tail,
-    # out = x s is then |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0)
+    # out = x s is then |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0). float16's
+    # 2^-14 would not be negligible there (its slope at x = -30 would read -0.36): refused
     np.minimum(e, np.finfo(x.dtype).maxexp - 2, out=e)
     return np.exp2(e, out=e)
 

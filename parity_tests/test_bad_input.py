@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 import numpy_engine as ne
 from numpy_engine import attention as A
+from numpy_engine import layers as L
 from numpy_engine import losses
-from numpy_engine.checks import InputError, check_finite
+from numpy_engine.checks import InputError, InputTypeError, check_finite
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record_count
 
@@ -201,6 +202,16 @@ def test_no_backward_through_attention_that_read_cached_keys_and_values():
     _, cache = A.cross_attention_forward(x, memory, p, 2, None, memory_kv)
     with pytest.raises(InputError, match="was given memory_kv"):
         A.cross_attention_backward(np.ones((2, 1, 8)), cache)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int64])
+def test_gelu_refuses_dtypes_other_than_float32_and_float64(dtype):
+    """Far in the lower tail GELU caps its exponential at 2^(maxexp - 2), where 1 / (1 + e)
+    is negligible in float32 and float64; in float16 it is 2^-14, and the slope at x = -30
+    would read -0.36 (the true one ~0). So a layer called directly refuses other dtypes
+    (the models take only these two)."""
+    with pytest.raises(InputTypeError, match="x must be float32 or float64, got " + dtype.__name__):
+        L.gelu_forward(np.linspace(-30, 30, 7).astype(dtype))
 
 
 def test_cross_entropy_with_every_target_ignored():
