@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine.blocking import as_rows, in_row_blocks
-from numpy_engine.checks import InputTypeError
+from numpy_engine.checks import InputError, InputTypeError
 from numpy_engine.keys import with_prefix
 from numpy_engine.reductions import dot_last, mean_last, sum_leading
 
@@ -334,8 +334,8 @@ def _gelu_block(x, out, slope) -> None:
 
 
 def _gelu_output_block(x, out) -> None:
-    """out = x / (1 + e) alone (decoding): two passes fewer than x s with s kept; the same
-    values to within a rounding."""
+    """out = x / (1 + e) alone (decoding): one pass fewer than x s, the division taking x
+    itself; the same values to within a rounding."""
     e = np.multiply(x, x)
     e *= _SQUARE_TO_EXP2
     e = _exp_minus_2u(x, e)
@@ -368,6 +368,8 @@ def _gelu_slope(x, s, e, slope) -> None:
 
 def gelu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
     """See docs/gradients.md#gelu: dout times the derivative the forward computed."""
+    if cache is None:
+        raise InputError("gelu_backward: its forward ran with for_backward=False (decoding)")
     return dout * cache
 
 

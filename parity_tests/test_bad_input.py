@@ -214,6 +214,20 @@ def test_gelu_refuses_dtypes_other_than_float32_and_float64(dtype):
         L.gelu_forward(np.linspace(-30, 30, 7).astype(dtype))
 
 
+def test_no_backward_through_a_forward_that_kept_no_derivative():
+    """Decoding's forward (for_backward=False) keeps no GELU derivative: a backward through
+    it is refused by name, through the FFN too."""
+    x = np.linspace(-3, 3, 8).reshape(2, 4)
+    _, cache = L.gelu_forward(x, for_backward=False)
+    with pytest.raises(InputError, match="for_backward=False"):
+        L.gelu_backward(np.ones_like(x), cache)
+    p = {"fc1.weight": np.ones((3, 4)), "fc1.bias": np.zeros(3)}
+    p |= {"fc2.weight": np.ones((4, 3)), "fc2.bias": np.zeros(4)}
+    _, cache = L.ffn_forward(x, p, "gelu", for_backward=False)
+    with pytest.raises(InputError, match="for_backward=False"):
+        L.ffn_backward(np.ones_like(x), cache)
+
+
 def test_cross_entropy_with_every_target_ignored():
     with pytest.raises(ValueError, match="every target equals ignore_index=0"):
         losses.cross_entropy_forward(
