@@ -370,7 +370,7 @@ def gelu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
     """See docs/gradients.md#gelu: dout times the derivative the forward computed."""
     if cache is None:
         raise InputError("gelu_backward: its forward ran with for_backward=False (decoding)")
-    return dout * cache
+    return dout * cache  # forward was out = x s(x); cache is d out / dx, elementwise
 
 
 ACTIVATIONS = {
