@@ -293,7 +293,9 @@ def relu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
 _GELU_K = math.sqrt(2.0 / math.pi)
 _GELU_A = 0.044715
 _LOG2_E = 1.0 / math.log(2.0)  # exp(z) = exp2(z log2 e): NumPy's exp2 takes half exp's time
-_GELU_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# exp2's argument is capped two below the exponent that overflows (float32 126, float64
+# 1022): sized for these two dtypes only (see _exp_minus_2u)
+_EXP2_CAP = {np.dtype(t): np.finfo(t).maxexp - 2 for t in (np.float32, np.float64)}
 
 
 def gelu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
@@ -308,7 +310,7 @@ def gelu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
     the derivative: the cache is then None, and out is x / (1 + e), within a rounding of
     x s. The chain runs on blocks of rows that stay in cache (blocking.py).
     """
-    if x.dtype not in _GELU_DTYPES:  # the cap of _exp_minus_2u is sized for these two
+    if x.dtype not in _EXP2_CAP:
         raise InputTypeError(f"gelu_forward: x must be float32 or float64, got {x.dtype}")
     out = np.empty_like(x)
     if not for_backward:
@@ -351,7 +353,7 @@ def _exp_minus_2u(x, e):
     # is never inf * 0, and s = 1 / (1 + e) stays a normal number (far in the lower tail,
     # out = x s is then |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0). float16's
     # 2^-14 would not be negligible there (its slope at x = -30 would read -0.36): refused
-    np.minimum(e, np.finfo(x.dtype).maxexp - 2, out=e)
+    np.minimum(e, _EXP2_CAP[x.dtype], out=e)
     return np.exp2(e, out=e)
 
 
