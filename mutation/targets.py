@@ -54,6 +54,7 @@ BACKWARD_CODE = {
         "clip_grad_norm",
         "global_norm",
         "_norm_of_blocks",
+        "_squares",
         "clip_coefficient",
         "Gradients.block",
         "Optimizer.step",
