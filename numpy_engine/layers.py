@@ -238,13 +238,25 @@ def layernorm_forward(
     return out, cache
 
 
+# Rows whose |mean| is at most 4 std skip the corrected two-pass's second pass: there the
+# first mean's rounding cost xhat at most 6.3 u max|xhat| (float32, C = 32 to 768, |mean|
+# = 4 std, 20 draws of 512 rows each; 8.4 u with the second pass at |mean| = 1000 std),
+# and the two passes are a third of the forward (char-lm's (1024, 64): 124 -> 80 us).
+_MEAN_SQUARED_OVER_VAR = 16.0
+
+
 def normalize_forward(x: np.ndarray, eps: float = 1e-5) -> tuple:
     """A layernorm without its scale and shift: (x - mean) / sqrt(var + eps) over the last axis."""
-    xc = x - mean_last(x)  # (..., C)
-    # The mean rounds at u |x|, which where |mean| >> std is far more than u std: one more
-    # pass over xc, whose own mean is that rounding, removes it (the corrected two-pass).
-    xc -= mean_last(xc)
+    mean = mean_last(x)  # (..., 1)
+    xc = x - mean  # (..., C)
     var = dot_last(xc, xc) * (1.0 / x.shape[-1])  # (..., 1) biased, as torch.nn.LayerNorm
+    if np.greater(mean * mean, var * _MEAN_SQUARED_OVER_VAR).any():
+        # The mean rounds at u |x|, which where |mean| >> std is far more than u std: one
+        # more pass over xc, whose own mean d is that rounding, removes it (the corrected
+        # two-pass), and the variance of xc - d is var - d^2.
+        shift = mean_last(xc)
+        xc -= shift
+        var -= shift * shift
     rstd = 1.0 / np.sqrt(var + eps)  # (..., 1)
     xhat = xc
     xhat *= rstd  # (..., C), in place: xc is not needed again

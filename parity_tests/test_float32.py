@@ -71,6 +71,28 @@ def test_draws_that_lost_digits_stay_within_the_bound(kind, seed):
     assert check.ok, f"{kind}, seed {seed}: {worst} error {check.error:.3e} > {check.bound:.3e}"
 
 
+@pytest.mark.parametrize("C", [32, 64, 256, 768])
+@pytest.mark.parametrize("mean_over_std", [0.0, 1.0, 4.0])
+def test_layernorm_float32_rows_with_a_small_mean_skip_the_second_pass_within_the_bound(
+    C, mean_over_std
+):
+    """Rows whose |mean| is at most 4 std (every row here: 4 is the threshold) skip the
+    corrected two-pass's second pass; their error stays within the same (C + 4) u max|xhat|
+    of a float64 run as the corrected rows' (measured: at most 6.3 u). A threshold too
+    large would show in the test below (mean 1e3: ~1e3 u without the second pass)."""
+    rng = np.random.default_rng(C)
+    z = rng.standard_normal((64, C))
+    z = (z - z.mean(axis=-1, keepdims=True)) / z.std(axis=-1, keepdims=True)  # std 1, mean 0
+    signs = rng.choice([-1.0, 1.0], (64, 1))
+    x = ((z + mean_over_std * signs) * rng.uniform(0.01, 100.0, (64, 1))).astype(np.float32)
+    xhat, _ = normalize_forward(x)
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(axis=-1, keepdims=True)
+    exact = centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + 1e-5)
+    u = np.finfo(np.float32).eps / 2
+    assert np.abs(xhat - exact).max() <= (C + 4) * u * np.abs(exact).max()
+
+
 @pytest.mark.parametrize("mean", [1e3, 1e4, 1e5])
 def test_layernorm_float32_error_does_not_grow_with_the_rows_mean(mean):
     """normalize_forward's corrected two-pass: with |mean| >> std every x is within a factor
