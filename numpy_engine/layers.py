@@ -296,10 +296,11 @@ def relu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
     return out, x
 
 
-def relu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
-    """See docs/gradients.md#relu. The gradient at exactly 0 is 0, as in PyTorch."""
+def relu_backward(dout: np.ndarray, cache: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """See docs/gradients.md#relu. The gradient at exactly 0 is 0, as in PyTorch. Into out
+    if given (dout itself may be out)."""
     x = cache
-    return dout * (x > 0)
+    return np.multiply(dout, x > 0, out=out)
 
 
 _GELU_K = math.sqrt(2.0 / math.pi)
@@ -380,11 +381,12 @@ def _gelu_slope(x, s, e, slope) -> None:
     slope *= s  # d(x s)/dx = s + x s (1 - s) 2u', s = sigmoid(2u)
 
 
-def gelu_backward(dout: np.ndarray, cache: np.ndarray) -> np.ndarray:
-    """See docs/gradients.md#gelu: dout times the derivative the forward computed."""
+def gelu_backward(dout: np.ndarray, cache: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """See docs/gradients.md#gelu: dout times the derivative the forward computed. Into out
+    if given (dout itself may be out)."""
     if cache is None:
         raise InputError("gelu_backward: its forward ran with for_backward=False (decoding)")
-    return dout * cache  # forward was out = x s(x); cache is d out / dx, elementwise
+    return np.multiply(dout, cache, out=out)  # forward was x s(x); cache is d out / dx
 
 
 ACTIVATIONS = {
@@ -423,7 +425,9 @@ def ffn_backward(dout: np.ndarray, cache: FFNCache) -> tuple:
     """See docs/gradients.md#feed-forward. Returns (dx, grads keyed like p)."""
     _, act_backward = ACTIVATIONS[cache.activation]
     da, fc2_grads = linear_backward(dout, cache.fc2)  # forward was out = fc2(a)
-    dh = act_backward(da, cache.act)  # forward was a = act(h)
+    # forward was a = act(h); da is fc2's fresh input gradient, which dh overwrites: no
+    # fresh (..., F) array (large's (4096, 1024): one 16 MB array fewer to bring into cache)
+    dh = act_backward(da, cache.act, out=da)
     dx, fc1_grads = linear_backward(dh, cache.fc1)  # forward was h = fc1(x)
     affine_grads = input_affine_grads(fc1_grads)  # x's, if fc1 folded them in
     return dx, with_prefix(fc1_grads, "fc1.") | with_prefix(fc2_grads, "fc2.") | affine_grads

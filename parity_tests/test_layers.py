@@ -249,6 +249,23 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
     assert np.array_equal(L.gelu_backward(dout, cache), whole_dx)
 
 
+@pytest.mark.parametrize("kind", ["relu", "gelu"])
+def test_activation_backward_into_its_own_dout_is_the_fresh_result(kind):
+    """ffn_backward writes dh over da (act_backward(da, cache, out=da)): the same bits as a
+    fresh dh, in da itself; the cache is left as it was, for another backward."""
+    act_forward, act_backward = L.ACTIVATIONS[kind]
+    rng = rng_of(0)
+    x = np.concatenate([[0.0, -0.0], 3 * rng.standard_normal(40)]).astype(np.float32)
+    dout = rng.standard_normal(x.shape).astype(np.float32)
+    _, cache = act_forward(x)
+    kept = cache.copy()
+    fresh = act_backward(dout, cache)
+    into = dout.copy()
+    assert act_backward(into, cache, out=into) is into
+    assert np.array_equal(into, fresh)
+    assert np.array_equal(cache, kept)
+
+
 @pytest.mark.parametrize(("dtype", "tail"), [(np.float32, (9.0, 12.0)), (np.float64, (20.0, 23.0))])
 def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail):
     """Far in the tails e = exp(-2u) leaves the float range: it underflows in the upper tail
