@@ -290,17 +290,18 @@ def normalize_backward(dxhat: np.ndarray, cache: tuple) -> np.ndarray:
 # ------------------------------------------------------------------------ activations
 
 
-def relu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
-    """max(x, 0); the cache is x itself, so for_backward changes nothing here."""
-    out = np.maximum(x, 0)
-    return out, x
+def relu_forward(x: np.ndarray, for_backward: bool = True, out: np.ndarray | None = None) -> tuple:
+    """max(x, 0), into out if given (x itself may be out); the cache is the output, positive
+    exactly where x is, so for_backward changes nothing here."""
+    out = np.maximum(x, 0, out=out)
+    return out, out
 
 
 def relu_backward(dout: np.ndarray, cache: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """See docs/gradients.md#relu. The gradient at exactly 0 is 0, as in PyTorch. Into out
     if given (dout itself may be out)."""
-    x = cache
-    return np.multiply(dout, x > 0, out=out)
+    relu_x = cache  # max(x, 0) > 0 exactly where x > 0
+    return np.multiply(dout, relu_x > 0, out=out)
 
 
 _GELU_K = math.sqrt(2.0 / math.pi)
@@ -311,7 +312,7 @@ _LOG2_E = 1.0 / math.log(2.0)  # exp(z) = exp2(z log2 e): NumPy's exp2 takes hal
 _EXP2_CAP = {np.dtype(t): np.finfo(t).maxexp - 2 for t in (np.float32, np.float64)}
 
 
-def gelu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
+def gelu_forward(x: np.ndarray, for_backward: bool = True, out: np.ndarray | None = None) -> tuple:
     """GELU, tanh form: 0.5 x (1 + tanh(k (x + a x^3))), as approximate="tanh".
 
     With e = exp(-2u) and s = 1 / (1 + e) = (1 + tanh(u)) / 2, out = x s. tanh(u) itself
@@ -321,11 +322,13 @@ def gelu_forward(x: np.ndarray, for_backward: bool = True) -> tuple:
     The forward also computes the derivative, while its inputs sit in cache: the cache is
     that one array, and the backward is one product. for_backward=False (decoding) skips
     the derivative: the cache is then None, and out is x / (1 + e), within a rounding of
-    x s. The chain runs on blocks of rows that stay in cache (blocking.py).
+    x s. The chain runs on blocks of rows that stay in cache (blocking.py). out: a
+    C-contiguous array shaped like x to write the output into (x itself may be out).
     """
     if x.dtype not in _EXP2_CAP:
         raise InputTypeError(f"gelu_forward: x must be float32 or float64, got {x.dtype}")
-    out = np.empty_like(x)
+    if out is None or not out.flags.c_contiguous:  # its rows must be views
+        out = np.empty_like(x)
     if not for_backward:
         in_row_blocks(_gelu_output_block, (as_rows(x),), (as_rows(out),))
         return out, None
@@ -339,13 +342,14 @@ _EXP2_OFFSET = 2 * _GELU_K * _LOG2_E  # -2u log2 e, u = k (x + a x^3) = x (k + k
 
 
 def _gelu_block(x, out, slope) -> None:
-    """out = x s and slope = s (1 + (1 - s) 2 x k (1 + 3 a x^2)) on one block of rows."""
+    """out = x s and slope = s (1 + (1 - s) 2 x k (1 + 3 a x^2)) on one block of rows; out
+    is written last, so it may be x itself."""
     np.multiply(x, x, out=slope)  # x^2, kept in slope until the derivative needs it
     e = _exp_minus_2u(x, np.multiply(slope, _SQUARE_TO_EXP2))
-    s = np.add(e, 1.0, out=out)
+    s = np.add(e, 1.0)
     np.divide(1.0, s, out=s)  # s = 1 / (1 + e)
     _gelu_slope(x, s, e, slope)
-    out *= x
+    np.multiply(x, s, out=out)
 
 
 def _gelu_output_block(x, out) -> None:
@@ -354,8 +358,8 @@ def _gelu_output_block(x, out) -> None:
     e = np.multiply(x, x)
     e *= _SQUARE_TO_EXP2
     e = _exp_minus_2u(x, e)
-    np.add(e, 1.0, out=out)
-    np.divide(x, out, out=out)
+    np.add(e, 1.0, out=e)
+    np.divide(x, e, out=out)  # the last read of x: out may be x itself
 
 
 def _exp_minus_2u(x, e):
@@ -416,7 +420,7 @@ def ffn_forward(
     for_backward=False: decoding, whose cache no backward will read (see gelu_forward)."""
     act_forward, _ = ACTIVATIONS[activation]
     h, fc1_cache = linear_forward(x, p["fc1.weight"], p["fc1.bias"], affine)  # (..., F)
-    a, act_cache = act_forward(h, for_backward)  # (..., F)
+    a, act_cache = act_forward(h, for_backward, out=h)  # (..., F), over h: fc1's fresh output
     out, fc2_cache = linear_forward(a, p["fc2.weight"], p["fc2.bias"])  # (..., C)
     return out, FFNCache(fc1_cache, act_cache, fc2_cache, activation)
 

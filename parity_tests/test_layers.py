@@ -249,6 +249,24 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
     assert np.array_equal(L.gelu_backward(dout, cache), whole_dx)
 
 
+@pytest.mark.parametrize("for_backward", [True, False])
+@pytest.mark.parametrize("kind", ["relu", "gelu"])
+def test_activation_forward_into_its_own_input_is_the_fresh_result(kind, for_backward):
+    """ffn_forward writes the activation over fc1's fresh output (act_forward(h, out=h)): the
+    same bits and the same backward as into a fresh array, in h itself."""
+    act_forward, act_backward = L.ACTIVATIONS[kind]
+    rng = rng_of(1)
+    x = np.concatenate([[0.0, -0.0, -40.0, 40.0], 3 * rng.standard_normal(40)]).astype(np.float32)
+    dout = rng.standard_normal(x.shape).astype(np.float32)
+    fresh, fresh_cache = act_forward(x, for_backward)
+    into = x.copy()
+    out, cache = act_forward(into, for_backward, out=into)
+    assert out is into
+    assert np.array_equal(out, fresh)
+    if for_backward or kind == "relu":
+        assert np.array_equal(act_backward(dout, cache), act_backward(dout, fresh_cache))
+
+
 @pytest.mark.parametrize("kind", ["relu", "gelu"])
 def test_activation_backward_into_its_own_dout_is_the_fresh_result(kind):
     """ffn_backward writes dh over da (act_backward(da, cache, out=da)): the same bits as a
