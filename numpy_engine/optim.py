@@ -98,11 +98,13 @@ def _squares(part: np.ndarray) -> float:
     step, the norm's error against float64 ~2e-10)."""
     if part.dtype == np.float64:
         return float(np.dot(part, part))
-    n_rows = part.size // SQUARES_ROW
-    rows = part[: n_rows * SQUARES_ROW].reshape(n_rows, SQUARES_ROW)
+    n_rows, rest = divmod(part.size, SQUARES_ROW)
+    rows = (part[: n_rows * SQUARES_ROW] if rest else part).reshape(n_rows, SQUARES_ROW)
     squares = float(np.vecdot(rows, rows).sum(dtype=np.float64))
-    rest = part[n_rows * SQUARES_ROW :]
-    return squares + float(np.dot(rest, rest)) if rest.size else squares
+    if rest:  # the vector's last block, or a short vector: a row shorter than the others
+        tail = part[n_rows * SQUARES_ROW :]
+        squares += float(np.dot(tail, tail))
+    return squares
 
 
 class NonFiniteGradients(FloatingPointError):
