@@ -100,6 +100,21 @@ def test_layernorm_float32_rows_with_a_small_mean_skip_the_second_pass_within_th
     assert_layernorm_within_its_float32_bound(x)
 
 
+@pytest.mark.parametrize(("mean_over_std", "means_taken"), [(3.9, 1), (4.1, 2), (-4.1, 2)])
+def test_layernorm_takes_the_second_mean_only_past_4_std(monkeypatch, mean_over_std, means_taken):
+    """The second pass (a second mean_last) runs when some row's |mean| exceeds 4 std, and
+    only then: one such row among centred ones is enough."""
+    from numpy_engine import layers
+
+    calls = []
+    real_mean_last = layers.mean_last
+    monkeypatch.setattr(layers, "mean_last", lambda x: calls.append(1) or real_mean_last(x))
+    z = np.tile([-1.0, 1.0], (3, 8))  # rows of mean 0 and std 1
+    z[1] += mean_over_std
+    normalize_forward(z.astype(np.float32))
+    assert len(calls) == means_taken
+
+
 @pytest.mark.parametrize("mean", [1e3, 1e4, 1e5])
 def test_layernorm_float32_error_does_not_grow_with_the_rows_mean(mean):
     """normalize_forward's corrected two-pass: with |mean| >> std every x is within a factor
