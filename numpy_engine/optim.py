@@ -194,7 +194,9 @@ class Optimizer:
     ):
         """Update flat_params in place from grads (the dict loss_and_grads returns, or a flat
         vector laid out like flat_params; neither is changed). With max_grad_norm, clip as
-        clip_grad_norm does first and return the norm before clipping; else None.
+        clip_grad_norm does first and return the norm before clipping; else None. (An
+        optimizer that folds_clipping scales by the coefficient inside its update instead:
+        the same step to rounding.)
 
         error_if_nonfinite (torch's clip_grad_norm_ flag): a NaN or infinite norm, so some
         NaN or inf in grads, raises NonFiniteGradients before anything is updated. The norm
@@ -210,18 +212,14 @@ class Optimizer:
         if max_grad_norm is not None:
             coef = clip_coefficient(norm, max_grad_norm)
         self.step_count += 1
-        folded = coef if self.folds_clipping else None
-        constants = self._step_constants(folded)
-        if folded is not None or coef is None:
-            coef = None
-        else:
-            coef = self.dtype.type(coef)
+        constants = self._step_constants(coef if self.folds_clipping else None)
+        scale = None if coef is None or self.folds_clipping else self.dtype.type(coef)
         state = list(self.flat_state.values())
         for piece in self.pieces:
             n = piece.stop - piece.start
             grad = gradients.block(piece)
-            if coef is not None:  # clipping, while the block is in cache
-                grad = np.multiply(grad, coef, out=scratch[2, :n])
+            if scale is not None:  # clipping by a pass of its own, while the block is in cache
+                grad = np.multiply(grad, scale, out=scratch[2, :n])
             blocks_of_state = [flat[piece] for flat in state]
             self._update_block(
                 flat_params[piece], grad, blocks_of_state, scratch[:2, :n], constants
