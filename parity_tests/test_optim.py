@@ -387,6 +387,26 @@ def test_float32_squares_out_of_range_are_summed_in_float64(entries, words):
         assert grads[1] > 0, "the small entry was zeroed: the norm overflowed to inf"
 
 
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        [np.linspace(-3.0, 3.0, 256), np.r_[1e20, np.ones(255)]],  # a later block overflows
+        [np.full(256, 1e-25), np.full(256, 3e-25), np.full(100, 2e-25)],  # three underflow
+    ],
+    ids=["overflow-after-an-ordinary-block", "underflow-three-times-the-last-short"],
+)
+def test_float32_blocks_out_of_range_anywhere_in_the_vector_are_summed_in_float64(
+    monkeypatch, blocks
+):
+    """Blocks of 256 entries (optim.BLOCK_BYTES patched): each block whose float32 squares
+    leave float32's range is redone in float64, whichever block it is, in one float64
+    scratch that a short last block uses only the start of."""
+    monkeypatch.setattr(optim, "BLOCK_BYTES", 256 * 4)
+    grads = np.concatenate(blocks).astype(np.float32)
+    exact = float(np.linalg.norm(grads.astype(np.float64)))
+    assert abs(optim.global_norm(grads) - exact) <= 1e-15 * exact
+
+
 @pytest.mark.parametrize("lr", [0.0, -1e-3, math.inf, math.nan])
 @pytest.mark.parametrize("optimizer_class", [SGD, Adam, AdamW])
 def test_a_learning_rate_that_is_not_positive_and_finite_is_refused(optimizer_class, lr):
