@@ -351,7 +351,8 @@ class Adam(Optimizer):
         p -= (lr c2 / c1) * m / (sqrt(v) + eps c2): the same value, one pass fewer. The
         clipping coefficient c joins the moments' factors: with g the block's gradient and
         c g the clipped one, m takes (1 - b1) c g, and v takes that times (1 - b2) c g /
-        (1 - b1): no pass of its own scales g (see _update_block)."""
+        (1 - b1): no pass of its own scales g (see _update_block). With L2 weight decay the
+        update forms c g + wd p first, and the factors hold no c."""
         beta1, beta2 = self.betas
         c2 = math.sqrt(1 - beta2**self.step_count)
         c = 1.0 if grad_scale is None or self.weight_decay else grad_scale
