@@ -10,7 +10,8 @@ computes its derivative (16 passes over four arrays, layers.gelu_forward), and b
 at every size past one block (median of 60-80 forwards): (1024, 256) 1.20 -> 1.00 ms,
 (256, 3072) 4.83 -> 3.52 ms, (4096, 1024) 30.0 -> 18.4 ms; A/B char-lm 0.988 and 0.981.
 The results are the same bits: the same operations in the same order, on fewer rows at a
-time. (Layernorm on (4096, 256), 4 MB, measured no gain either way: it runs whole.)
+time. Layernorm runs whole: on (4096, 256), 4 MB, its blocks were faster alone but made
+every config's step slower (A/B copy 1.042, char-lm 1.007, large 1.014).
 
 `slices` is the one helper that cuts work into cache-sized pieces; attention
 (`attention.batch_groups`), the fused readout + loss and the optimizer use it too, each

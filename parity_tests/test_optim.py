@@ -57,14 +57,15 @@ def run_both(engine_optimizer, torch_optimizer, seed: int, grad_scale=1.0, clip=
         for key, tensor in tensors.items():
             tensor.grad = torch.tensor(grads[key])
         flat_grads = flatten(grads)
-        norm = None
-        if clip is not None and not fused:
-            norm = clip_grad_norm(flat_grads, clip)
-        if clip is not None:
+        if clip is None:
+            ours.step(flat, flat_grads)
+        else:
             torch_norm = float(torch.nn.utils.clip_grad_norm_(list(tensors.values()), clip))
-        step_norm = ours.step(flat, flat_grads, max_grad_norm=clip if fused else None)
-        norm = step_norm if fused else norm
-        if clip is not None:
+            if fused:
+                norm = ours.step(flat, flat_grads, max_grad_norm=clip)
+            else:
+                norm = clip_grad_norm(flat_grads, clip)
+                ours.step(flat, flat_grads)
             assert abs(norm - torch_norm) <= RTOL * torch_norm
             clipped_steps += norm > clip
         theirs.step()
