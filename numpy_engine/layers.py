@@ -342,14 +342,14 @@ _EXP2_OFFSET = 2 * _GELU_K * _LOG2_E  # -2u log2 e, u = k (x + a x^3) = x (k + k
 
 
 def _gelu_block(x, out, slope) -> None:
-    """out = x s and slope = s + out (1 - s) 2k (1 + 3a x^2) on one block of rows; x is
-    read last by out, so out may be x itself."""
+    """out = x s and slope = s (1 + (1 - s) 2 x k (1 + 3 a x^2)) on one block of rows; out
+    is written last, so it may be x itself."""
     np.multiply(x, x, out=slope)  # x^2, kept in slope until the derivative needs it
     e = _exp_minus_2u(x, np.multiply(slope, _SQUARE_TO_EXP2))
     s = np.add(e, 1.0)
     np.divide(1.0, s, out=s)  # s = 1 / (1 + e)
-    np.multiply(x, s, out=out)  # the last read of x
-    _gelu_slope(out, s, e, slope)
+    _gelu_slope(x, s, e, slope)
+    np.multiply(x, s, out=out)
 
 
 def _gelu_output_block(x, out) -> None:
@@ -374,15 +374,15 @@ def _exp_minus_2u(x, e):
     return np.exp2(e, out=e)
 
 
-def _gelu_slope(out, s, e, slope) -> None:
-    """slope = s + out (1 - s) 2k (1 + 3a x^2) from slope = x^2, out = x s, s and e = exp(-2u):
-    d(x s)/dx = s + x s (1 - s) 2u', s = sigmoid(2u), with x s already computed."""
+def _gelu_slope(x, s, e, slope) -> None:
+    """slope = s (1 + (1 - s) 2 x k (1 + 3 a x^2)) from slope = x^2, s and e = exp(-2u)."""
     e *= s  # 1 - s
     slope *= 6 * _GELU_K * _GELU_A
-    slope += 2 * _GELU_K  # 2u' = 2k (1 + 3a x^2)
+    slope += 2 * _GELU_K
+    slope *= x  # 2u' x = 2 x k (1 + 3 a x^2)
     slope *= e
-    slope *= out
-    slope += s
+    slope += 1.0
+    slope *= s  # d(x s)/dx = s + x s (1 - s) 2u', s = sigmoid(2u)
 
 
 def gelu_backward(dout: np.ndarray, cache: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
