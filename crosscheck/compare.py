@@ -24,9 +24,9 @@ bound in every draw but one: cross-attention's seed 1986 (4 queries and 4 keys o
 whose key bias's gradient, the structural zero that FLOOR judges, reads 1.06 of it (torch's
 1.95). FLOOR is a rule of thumb, not derived: the rounding a structural zero carries grows
 with how many terms its sums add, which the bound does not see. A formula that loses digits
-exceeds it many times (the previous engine's confident cross-entropy, log(1 + small) without log1p: up to
-1,240x over 300 draws; E[x^2] - E[x]^2 for a variance at |mean| = 1000: 34x on the pinned
-case of test_layers.py).
+exceeds it many times (the previous engine's confident cross-entropy, log(1 + small) without
+log1p: up to 1,240x over 300 draws; E[x^2] - E[x]^2 for a variance at |mean| = 1000: 34x on
+the pinned case of test_layers.py).
 """
 
 from __future__ import annotations
