@@ -30,6 +30,7 @@ from numpy_engine.memory import aligned_empty, aligned_zeros
 from numpy_engine.params import unflatten
 
 BLOCK_BYTES = 256 * 1024  # of each vector updated together (64K float32 entries)
+GATHER_WHOLE_BLOCKS = 4  # a gradients dict of at most this many blocks is gathered whole
 
 
 def blocks(size: int, itemsize: int) -> list[slice]:
@@ -120,15 +121,17 @@ def clip_coefficient(norm: float, max_norm: float):
 
 class Gradients:
     """A step's gradients read as one vector laid out like the parameters, block by block:
-    the flat vector itself, or the dict loss_and_grads returns, never concatenated whole. A
-    block inside one array is a view of it; a block across arrays is gathered into a
-    scratch. On GPT-2 (124M parameters) that skips a 500 MB copy a step and its buffer."""
+    the flat vector itself, or the dict loss_and_grads returns. A block inside one array is a
+    view of it; a block across arrays is gathered into a scratch. On GPT-2 (124M parameters)
+    that skips a 500 MB copy a step and its buffer. A dict of at most GATHER_WHOLE_BLOCKS
+    blocks is gathered whole, once, into gathered (the optimizer's vector-sized scratch):
+    block by block, the norm and the update would each gather every spanning block."""
 
     def __init__(self, grads, optimizer: Optimizer, gathered: np.ndarray) -> None:
         self.starts, self.gathered = optimizer.starts, gathered  # starts: offsets, then size
         if isinstance(grads, dict):
             self.arrays, self.flat = list(grads.values()), None
-            if len(optimizer.pieces) == 1:  # all in one block: gather it once, here
+            if gathered.size == optimizer.size:  # a few blocks: gather them once, here
                 optimizer.check_grads_dict(grads, dtypes=False)  # casting="no" checks them
                 try:
                     # axis None ravels each array; out is the scratch row
@@ -184,6 +187,10 @@ class Optimizer:
         # the step's rows: two for the update's intermediates, one for a gathered or clipped
         # gradient; allocated once, on cache lines (a step of the copy model is ~1.6 ms)
         self.scratch = aligned_empty((3, self.block_entries), self.dtype)
+        # a vector of a few blocks is gathered once, whole, not block by block twice (the
+        # norm reads each block, then the update): one np.concatenate instead of one a block
+        few = 1 < len(self.pieces) <= GATHER_WHOLE_BLOCKS
+        self.gathered = aligned_empty(self.size, self.dtype) if few else self.scratch[2]
 
     def step(
         self,
@@ -203,7 +210,7 @@ class Optimizer:
         finds them at no cost of its own when clipping: a training loop's guard."""
         self.check_vector("flat_params", flat_params)
         scratch = self.scratch
-        gradients = Gradients(grads, self, scratch[2])
+        gradients = Gradients(grads, self, self.gathered)
         norm = coef = None
         if max_grad_norm is not None or error_if_nonfinite:
             norm = _norm_of_blocks(map(gradients.block, self.pieces), self.block_entries)

@@ -228,20 +228,23 @@ def test_step_with_max_grad_norm_equals_clip_then_step(kind):
 
 @given(
     block_entries=st.integers(1, 30),
+    gather_whole=st.booleans(),
     max_norm=st.sampled_from([None, 0.5]),
     kind=st.sampled_from(["sgd", "adam", "adamw"]),
     seed=seeds,
 )
 # blocks of 3: 15..18 spans b and e; of 14: 0..14 spans w and b, the last, 14..26 (short), b and e
-@example(block_entries=3, max_norm=None, kind="adam", seed=0)
-@example(block_entries=14, max_norm=0.5, kind="adamw", seed=0)
+@example(block_entries=3, gather_whole=False, max_norm=None, kind="adam", seed=0)
+@example(block_entries=14, gather_whole=False, max_norm=0.5, kind="adamw", seed=0)
+@example(block_entries=14, gather_whole=True, max_norm=0.5, kind="sgd", seed=0)
 def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
-    block_entries, max_norm, kind, seed
+    block_entries, gather_whole, max_norm, kind, seed
 ):
     """The grads dict, read in blocks that lie inside one array or span several (entries of
-    26 in blocks of 1 to 30), steps the parameters to the same bits as the flat gradient in
-    the same blocks, and to within rounding of the flat gradient in one block (the norm's
-    squares are summed block by block); no gradient is changed by the step."""
+    26 in blocks of 1 to 30), or gathered whole first (gather_whole: a vector of a few
+    blocks), steps the parameters to the same bits as the flat gradient in the same blocks,
+    and to within rounding of the flat gradient in one block (the norm's squares are summed
+    block by block); no gradient is changed by the step."""
     make = {
         "sgd": lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
         "adam": lambda p: Adam(p, lr=0.01, weight_decay=0.01),
@@ -250,7 +253,8 @@ def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
     rng = np.random.default_rng(seed)
     flat, params = random_params(rng)
     twin, whole_twin = flat.copy(), flat.copy()
-    with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
+    few_blocks = 10**9 if gather_whole else 1  # GATHER_WHOLE_BLOCKS: every vector, or none
+    with mock.patch.multiple(optim, BLOCK_BYTES=8 * block_entries, GATHER_WHOLE_BLOCKS=few_blocks):
         from_dict, from_flat = make(params), make(unflatten(twin, params))
     whole = make(unflatten(whole_twin, params))
     assert len(from_dict.pieces) == -(-flat.size // block_entries) and len(whole.pieces) == 1
@@ -276,12 +280,26 @@ def test_a_block_ending_inside_a_one_row_array_gathers_every_array_it_spans():
     rng = np.random.default_rng(0)
     flat = flatten({key: rng.standard_normal(shape) for key, shape in shapes.items()})
     params, twin = unflatten(flat, {k: np.empty(s) for k, s in shapes.items()}), flat.copy()
-    with mock.patch.object(optim, "BLOCK_BYTES", 8 * 5):
+    with mock.patch.multiple(optim, BLOCK_BYTES=8 * 5, GATHER_WHOLE_BLOCKS=1):  # block by block
         from_dict, from_flat = Adam(params, lr=0.01), Adam(unflatten(twin, params), lr=0.01)
     grads = {key: rng.standard_normal(shape) for key, shape in shapes.items()}
     from_dict.step(flat, grads)
     from_flat.step(twin, flatten(grads))
     np.testing.assert_array_equal(flat, twin)
+
+
+@pytest.mark.parametrize("block_entries, gathers", [(7, 1), (6, 2)])  # 4 blocks; 5 blocks
+def test_a_grads_dict_of_a_few_blocks_is_gathered_once_whole(block_entries, gathers):
+    """26 entries (w 0..12, b 12..16, e 16..26) in at most GATHER_WHOLE_BLOCKS (4) blocks: one
+    np.concatenate of the whole dict a step. In 5 blocks of 6, block by block: the one block
+    that spans arrays, 12..18, is gathered for the norm and again for the update."""
+    flat, params = random_params(np.random.default_rng(0))
+    with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
+        optimizer = AdamW(params, lr=0.01)
+    grads = {key: np.ones_like(value) for key, value in params.items()}
+    with mock.patch.object(optim.np, "concatenate", wraps=np.concatenate) as concatenate:
+        optimizer.step(flat, grads, max_grad_norm=1.0)
+    assert concatenate.call_count == gathers
 
 
 @pytest.mark.parametrize("max_norm", [None, 1.0])
