@@ -288,9 +288,9 @@ def test_a_block_ending_inside_a_one_row_array_gathers_every_array_it_spans():
     np.testing.assert_array_equal(flat, twin)
 
 
-@pytest.mark.parametrize("block_entries, gathers", [(7, 1), (6, 2)])  # 4 blocks; 5 blocks
+@pytest.mark.parametrize("block_entries, gathers", [(14, 1), (7, 1), (6, 2)])  # 2, 4, 5 blocks
 def test_a_grads_dict_of_a_few_blocks_is_gathered_once_whole(block_entries, gathers):
-    """26 entries (w 0..12, b 12..16, e 16..26) in at most GATHER_WHOLE_BLOCKS (4) blocks: one
+    """26 entries (w 0..12, b 12..16, e 16..26) in 2 to GATHER_WHOLE_BLOCKS (4) blocks: one
     np.concatenate of the whole dict a step. In 5 blocks of 6, block by block: the one block
     that spans arrays, 12..18, is gathered for the norm and again for the update."""
     flat, params = random_params(np.random.default_rng(0))
