@@ -187,8 +187,8 @@ class Optimizer:
         # the step's rows: two for the update's intermediates, one for a gathered or clipped
         # gradient; allocated once, on cache lines (a step of the copy model is ~1.6 ms)
         self.scratch = aligned_empty((3, self.block_entries), self.dtype)
-        # a vector of a few blocks is gathered once, whole, not block by block twice (the
-        # norm reads each block, then the update): one np.concatenate instead of one a block
+        # a grads dict of a few blocks is gathered once, whole: block by block, the norm and
+        # then the update would each gather every block that spans arrays (char-lm: 3 blocks)
         few = 1 < len(self.pieces) <= GATHER_WHOLE_BLOCKS
         self.gathered = aligned_empty(self.size, self.dtype) if few else self.scratch[2]
 
