@@ -152,7 +152,7 @@ def attention_forward(
     the study commands."""
     shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Tq, Tk)
     hidden = None
-    if visible is not None and visible is causal_visible(visible.shape[-1]):
+    if visible is not None and _is_shared_causal(visible):
         hidden = causal_limit(visible.shape[-1], np.result_type(q, k))  # every row sees a key
     elif visible is not None:
         check_every_row_sees_a_key(visible, shape)
@@ -207,6 +207,13 @@ def _weights(q, k, hidden, out=None) -> np.ndarray:
         rows = scores.reshape(-1, hidden.size)  # a view: a product's result is contiguous
         np.fmin(rows, hidden, out=rows)
     return softmax_last(scores, out=out)  # hidden entries get exactly 0
+
+
+def _is_shared_causal(visible: np.ndarray) -> bool:
+    """visible is causal_visible(T)'s cached object itself. The shape is checked first, so a
+    padding or cross-attention mask never builds a causal mask of its length to compare."""
+    T = visible.shape[-1]
+    return visible.shape == (1, 1, T, T) and visible is causal_visible(T)
 
 
 @functools.lru_cache(maxsize=64)

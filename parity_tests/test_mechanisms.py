@@ -244,3 +244,13 @@ def test_the_shared_causal_mask_reads_its_cached_limit_with_the_same_bits(monkey
     np.testing.assert_array_equal(out, plain_out)
     np.testing.assert_array_equal(cache.weights, plain.weights)
     assert not A.causal_limit(5, np.dtype(dtype)).flags.writeable
+
+
+def test_a_padding_mask_builds_no_causal_mask_of_its_length():
+    """Only a (1, 1, T, T) mask can be causal_visible's object: a padding mask (B, 1, 1, Tk)
+    takes the general path without building (and caching) a causal mask of length Tk."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 1, 3, 4)) for _ in range(3))
+    A.causal_visible.cache_clear()
+    A.attention_forward(q, k, v, np.ones((2, 1, 1, 3), dtype=bool))
+    assert A.causal_visible.cache_info().currsize == 0
