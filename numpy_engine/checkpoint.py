@@ -72,9 +72,15 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    path = resolve(path)
+    given, path = Path(path), resolve(path)
     if not path.exists():
+        if given.is_file():  # resolve read it as a run directory
+            raise InputError(
+                f"checkpoint {given}: a file, not a run directory; a checkpoint is a run "
+                "directory or a file ending in .npz"
+            )
         raise InputError(f"checkpoint {path}: no such file")
+    _check_is_a_zip(path)
     try:
         with open(path, "rb") as file, np.load(file, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}  # our own handle: closed on error
@@ -85,6 +91,26 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except (OSError, zipfile.BadZipFile, EOFError) as error:
         raise InputError(f"checkpoint {path}: not a readable .npz file ({error})") from None
     return _from_arrays(path, arrays)
+
+
+_ZIP_STARTS = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first entry, or an empty zip
+
+
+def _check_is_a_zip(path: Path) -> None:
+    """An .npz is a zip. np.load reads any other file as a single .npy array or, failing
+    that, as a pickle: a text file or a picture would be refused as "pickled", and a .npy
+    array would come back as an array instead of an archive."""
+    with open(path, "rb") as file:
+        start = file.read(8)
+    if start.startswith(_ZIP_STARTS):
+        return
+    if not start:
+        raise InputError(f"checkpoint {path}: an empty file")
+    if start.startswith(b"\x93NUMPY"):
+        raise InputError(f"checkpoint {path}: a single .npy array, not an .npz checkpoint")
+    if start[:1] == b"\x80" and start[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        raise InputError(f"checkpoint {path}: refused, it holds pickled objects (a pickle)")
+    raise InputError(f"checkpoint {path}: not an .npz file (it starts with {start!r})")
 
 
 def _from_arrays(path: Path, arrays: dict) -> Checkpoint:

@@ -93,6 +93,37 @@ def test_refuses_a_wrong_version_and_mismatched_params(saved):
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "an empty file"),
+        (b"step,loss\n1,2.5\n", r"not an .npz file \(it starts with b'step,los'\)"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(32), "not an .npz file"),
+        (b"\x80\x04\x95" + bytes(16), "refused, it holds pickled objects"),
+        ("npy", "a single .npy array, not an .npz checkpoint"),
+    ],
+    ids=["empty", "text", "picture", "pickle", "npy"],
+)
+def test_refuses_a_file_that_is_not_an_npz(tmp_path, content, message):
+    """np.load would read these as a pickle (refused as "pickled" whatever they hold) or
+    return a bare array; each is named for what it is."""
+    path = tmp_path / "checkpoint.npz"
+    if content == "npy":
+        with open(path, "wb") as file:
+            np.save(file, np.arange(3.0))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"^checkpoint {re.escape(str(path))}: {message}"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_file_given_as_a_run_directory_is_named(tmp_path):
+    path = tmp_path / "weights.npy"
+    np.save(path, np.arange(3.0))
+    with pytest.raises(ValueError, match="weights.npy: a file, not a run directory"):
+        load_checkpoint(path)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         load_checkpoint(tmp_path / "nope.npz")
