@@ -17,6 +17,7 @@ import numpy as np
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.models import GPT2, GPT2Config
+from numpy_engine.tasks import TokenizerCorpus
 
 # engine key under blocks.{i}. -> Hugging Face key under h.{i}., and whether it is a Conv1D
 # weight (transposed). c_attn, split into q/k/v, is handled on its own.
@@ -110,6 +111,7 @@ FIXED = {
 
 
 HF_MODEL_TYPE = "gpt2"  # config.json's model_type: Hugging Face's name for the architecture
+REQUIRED = ("vocab_size", "n_embd", "n_head", "n_layer", "n_positions")  # no default here
 
 
 def config_from_hf(hf: dict, dtype: str) -> GPT2Config:
@@ -122,6 +124,9 @@ def config_from_hf(hf: dict, dtype: str) -> GPT2Config:
             raise InputError(f"{name}={hf[name]!r} is not supported (the engine computes {value})")
     if not hf.get("tie_word_embeddings", True):
         raise InputError("tie_word_embeddings is false: the engine's GPT-2 ties its head")
+    missing = [name for name in REQUIRED if name not in hf]
+    if missing:
+        raise InputError(f"config.json has no {', '.join(missing)}")
     eos = hf.get("eos_token_id")
     return GPT2Config(
         vocab_size=hf["vocab_size"],
@@ -186,8 +191,21 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     meta = {"task": "import-hf", "source": str(directory)}
     tokenizer = directory / "tokenizer.json"
     if tokenizer.is_file():
-        meta["tokenizer"] = tokenizer.read_text(encoding="utf-8")
+        meta["tokenizer"] = _read_tokenizer(tokenizer, config.vocab_size)
     return save_checkpoint(out, model, None, meta)
+
+
+def _read_tokenizer(path: Path, vocab_size: int) -> str:
+    """tokenizer.json's text, once the tokenizers library has read it and its ids fit the
+    model's vocabulary (a larger one would encode text into ids the model has no row for)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+        raise InputError(f"{path}: not readable ({error})") from None
+    ids = TokenizerCorpus(text, where=str(path)).vocab_size
+    if ids > vocab_size:
+        raise InputError(f"{path}: {ids} tokens, more than the model's vocab_size {vocab_size}")
+    return text
 
 
 HF_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # what export_hf writes
@@ -213,8 +231,11 @@ def export_hf(checkpoint_path: str | Path, to: str | Path) -> Path:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except (OSError, ValueError) as error:
         raise InputError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: a JSON {type(value).__name__}, not an object of settings")
+    return value

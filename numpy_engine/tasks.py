@@ -150,15 +150,19 @@ class CharCorpus(Corpus):
 class TokenizerCorpus(Corpus):
     """A text as the ids of a Hugging Face tokenizer (its tokenizer.json; the hf extra)."""
 
-    def __init__(self, tokenizer_json: str, text: str = "") -> None:
+    def __init__(
+        self, tokenizer_json: str, text: str = "", where: str = "the checkpoint's tokenizer"
+    ) -> None:
+        """where: what to call tokenizer_json in an error (a file, or a checkpoint's)."""
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise InputError(
-                "this checkpoint's tokenizer needs the hf extra: pip install -e '.[hf]'"
-            ) from None
+            raise InputError(f"{where} needs the hf extra: pip install -e '.[hf]'") from None
         self.tokenizer_json = tokenizer_json
-        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        try:
+            self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        except Exception as error:  # tokenizers raises a bare Exception for malformed JSON
+            raise InputError(f"{where}: not a readable tokenizer ({error})") from None
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.ids = self.encode(text)
 

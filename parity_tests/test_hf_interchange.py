@@ -6,6 +6,7 @@ export-hf back into from_pretrained. And each malformed directory is refused by 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -16,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from numpy_engine import hf
-from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import main
 from numpy_engine.tasks import DEFAULT_TEXT
 
@@ -156,6 +157,57 @@ def test_import_refuses_a_malformed_directory(tmp_path, capsys, hf_dir, config, 
     status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
     assert status == 2 and words in err, err
     assert not (tmp_path / "run" / "checkpoint.npz").exists()
+
+
+def _no_n_embd(directory):
+    config = json.loads((directory / "config.json").read_text())
+    del config["n_embd"]
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def _tokenizer_larger_than_the_model(directory):
+    tokenizer = bpe_tokenizer(DEFAULT_TEXT + "".join(map(chr, range(0x400, 0x500))))
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+@pytest.mark.parametrize(
+    ("spoil", "words"),
+    [
+        (lambda d: (d / "config.json").write_text("[1, 2]"), "a JSON list, not an object"),
+        (_no_n_embd, "config.json has no n_embd"),
+        (lambda d: (d / "tokenizer.json").write_text("garbage"), "not a readable tokenizer"),
+        (lambda d: (d / "tokenizer.json").write_bytes(b"\xff{}"), "tokenizer.json: not readable"),
+        (_tokenizer_larger_than_the_model, "tokens, more than the model's vocab_size"),
+    ],
+    ids=[
+        "config-a-list",
+        "config-without-n_embd",
+        "tokenizer-garbage",
+        "tokenizer-not-utf8",
+        "tokenizer-too-large",
+    ],
+)
+def test_import_refuses_a_malformed_config_or_tokenizer(tmp_path, capsys, hf_dir, spoil, words):
+    """Each was a traceback (exit 1), or for a malformed tokenizer an import that worked
+    and a generate that crashed: now one line naming the file, exit 2, nothing written."""
+    directory = tmp_path / "spoiled"
+    shutil.copytree(hf_dir, directory)
+    spoil(directory)
+    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
+    assert status == 2 and words in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_whose_tokenizer_is_spoiled_is_refused_by_name(tmp_path, capsys, hf_dir):
+    run = tmp_path / "run"
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(run))[0] == 0
+    checkpoint = load_checkpoint(run)
+    meta = checkpoint.meta | {"tokenizer": "{"}
+    save_checkpoint(run / "spoiled.npz", checkpoint.model, None, meta)
+    status, _, err = cli(
+        capsys, "generate", "--checkpoint", str(run / "spoiled.npz"), "--prompt", "to"
+    )
+    assert status == 2 and "the checkpoint's tokenizer: not a readable tokenizer" in err, err
 
 
 def test_a_model_imported_without_its_tokenizer_says_how_to_read_text(tmp_path, capsys, hf_dir):
