@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +45,7 @@ def import_state_dict(path: str | Path, out: str | Path, config_path: str | Path
         state_dict = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (pickle.UnpicklingError, RuntimeError, EOFError):
+    except Exception:  # any: the unpickler raises what the bytes lead to (KeyError on text)
         raise InputError(
             f"{path}: refused: it is not a weights-only file (it holds objects that loading "
             "would have to construct, or it is not a torch file at all)"
@@ -57,6 +56,8 @@ def import_state_dict(path: str | Path, out: str | Path, config_path: str | Path
         raise InputError(f"{path}: refused, expected a dict of tensors (a state_dict)")
     try:
         description = json.loads(config_path.read_text())
+        if not isinstance(description, dict):
+            raise TypeError(f"a JSON {type(description).__name__}, not an object")
         kind = model_class(description["kind"])
         model = kind(kind.config_class(**description["config"]))
     except (OSError, KeyError, TypeError, ValueError) as error:

@@ -257,3 +257,39 @@ def test_import_refuses_anything_but_weights(trained, tmp_path):
         assert result.returncode == 2 and "refused" in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("text.pt", b"hi\n", "refused: it is not a weights-only file"),
+        ("picture.pt", b"\x89PNG\r\n\x1a\n" + bytes(40), "refused: it is not a weights-only file"),
+        ("truncated.pt", "truncated", "refused: it is not a weights-only file"),
+        ("listed.pt", "a list description", "model description (a JSON list, not an object)"),
+    ],
+)
+def test_import_names_a_damaged_file_whatever_its_bytes(
+    trained, tmp_path, capsys, name, content, words
+):
+    """torch's weights-only unpickler raises what the bytes lead it to (a KeyError on "hi"):
+    each such file is refused in one line, exit 2, nothing written."""
+    from crosscheck.cli import main as crosscheck_main
+
+    pt = tmp_path / "model.pt"
+    assert crosscheck_main(["export", "--checkpoint", str(trained), "--to", str(pt)]) == 0
+    description = pt.with_name("model.pt.json")
+    path = tmp_path / name
+    if content == "truncated":
+        path.write_bytes(pt.read_bytes()[:300])
+    elif content == "a list description":
+        path.write_bytes(pt.read_bytes())
+        description = tmp_path / "listed.json"
+        description.write_text("[1, 2]")
+    else:
+        path.write_bytes(content)
+    capsys.readouterr()
+    args = ["import", str(path), "--out", str(tmp_path / "x"), "--config", str(description)]
+    assert crosscheck_main(args) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x").exists()
