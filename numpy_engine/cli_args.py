@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -53,6 +54,34 @@ def positive_float(text: str) -> float:
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
+
+
+# what matplotlib writes, with Pillow (a dependency of its): pgf, raw and avif left out (they
+# need LaTeX, are no picture, or a Pillow built with AVIF)
+PICTURE_FORMATS = (
+    "png",
+    "svg",
+    "svgz",
+    "pdf",
+    "eps",
+    "ps",
+    "jpg",
+    "jpeg",
+    "tif",
+    "tiff",
+    "webp",
+    "gif",
+)
+
+
+def picture_path(text: str) -> str:
+    """A file to draw into, whose suffix names a format the pictures can be written in: checked
+    before the work that ends in the picture (matplotlib's own refusal was a traceback)."""
+    suffix = Path(text).suffix.lower().removeprefix(".")
+    if suffix not in PICTURE_FORMATS:
+        formats = ", ".join(f".{name}" for name in PICTURE_FORMATS)
+        raise argparse.ArgumentTypeError(f"{text!r}: a picture's name ends in one of {formats}")
+    return text
 
 
 def int_in(low: int, high: int):

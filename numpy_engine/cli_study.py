@@ -14,6 +14,7 @@ from numpy_engine.cli_args import (
     add_source_or_prompt,
     int_in,
     non_negative_int,
+    picture_path,
     source_ids,
 )
 from numpy_engine.models import KINDS
@@ -36,6 +37,7 @@ def add_study_commands(commands) -> None:
     )
     attention.add_argument(
         "--out",
+        type=picture_path,
         default="attention.png",
         metavar="PNG",
         help="the picture to write (default: attention.png)",
@@ -49,7 +51,12 @@ def add_study_commands(commands) -> None:
         "copy/reverse, exact match on a second axis. Needs the plot extra.",
     )
     plot.add_argument("run_dir", metavar="DIR", help="the --out DIR of a training run")
-    plot.add_argument("--out", metavar="PNG", help="the picture to write (default: DIR/loss.png)")
+    plot.add_argument(
+        "--out",
+        type=picture_path,
+        metavar="PNG",
+        help="the picture to write (default: DIR/loss.png)",
+    )
     plot.set_defaults(run=run_plot)
 
     grads = commands.add_parser(
@@ -76,7 +83,9 @@ def add_study_commands(commands) -> None:
         help=f"sampled entries per parameter for finite differences, 1..{MAX_ENTRIES} (each costs "
         "about 20 forward passes) (default: 4)",
     )
-    grads.add_argument("--plot", metavar="PNG", help="also draw the gradient norms as bars")
+    grads.add_argument(
+        "--plot", type=picture_path, metavar="PNG", help="also draw the gradient norms as bars"
+    )
     grads.set_defaults(run=run_grads)
 
 

@@ -38,8 +38,11 @@ def _figure(width: float, height: float):
 
 def _save(figure, out: str | Path) -> Path:
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(out)
+    except OSError as error:  # a directory of that name, no permission, a full disk
+        raise InputError(f"{out}: cannot write the picture ({error.strerror})") from None
     return out
 
 

@@ -62,6 +62,34 @@ def test_attention_takes_a_prompt_of_one_token_up_to_the_context(runs, tmp_path,
         ), said
 
 
+def test_a_picture_that_cannot_be_written_is_refused_by_name(runs, tmp_path, capsys):
+    """A name without a picture's suffix is refused before any work (matplotlib's refusal was
+    a traceback), and a path that cannot be written (here a directory) after it, exit 2."""
+    char = str(runs / "char")
+    (tmp_path / "taken.png").mkdir()
+    for command, out, said in [
+        ("attention", "a.txt", "argument --out: 'OUT': a picture's name ends in one of .png,"),
+        ("grads", "g", "argument --plot: 'OUT': a picture's name ends in one of .png,"),
+        ("plot", "l.csv", "argument --out: 'OUT': a picture's name ends in one of .png,"),
+        ("attention", "taken.png", "OUT: cannot write the picture (Is a directory)"),
+    ]:
+        path = str(tmp_path / out)
+        args = {
+            "attention": ["attention", "--checkpoint", char, "--prompt", "to", "--out", path],
+            "grads": ["grads", "--entries", "1", "--plot", path],
+            "plot": ["plot", char, "--out", path],
+        }[command]
+        capsys.readouterr()
+        try:
+            status = main(args)
+        except SystemExit as exit:  # argparse refuses a flag's value by exiting
+            status = exit.code
+        assert status == 2
+        err = capsys.readouterr().err
+        assert said.replace("OUT", path) in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken.png"]
+
+
 def test_attention_pictures_for_both_models(runs, tmp_path):
     out = tmp_path / "seq2seq.png"
     assert (
