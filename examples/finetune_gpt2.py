@@ -16,7 +16,7 @@ from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.generate import generate
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW
-from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, TokenizerCorpus, read_text
+from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, corpus_from_meta, read_text
 
 SEED, STEPS, BATCH_SIZE, CONTEXT = 7, 200, 8, 32
 text = read_text(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_TEXT
@@ -26,18 +26,19 @@ if len(sys.argv) > 1:  # the real thing: weights and tokenizer from the director
 
     with tempfile.TemporaryDirectory() as run:
         checkpoint = load_checkpoint(import_hf(sys.argv[1], run))
-    model, corpus = checkpoint.model, TokenizerCorpus(checkpoint.meta["tokenizer"], text)
+    model, corpus = checkpoint.model, corpus_from_meta(checkpoint.meta, text)  # its tokenizer
     lr = 1e-4
 else:  # offline: GPT-2's architecture and initialisation, a character vocabulary
     corpus = CharCorpus(text)
     model = GPT2(GPT2Config(vocab_size=corpus.vocab_size, max_len=CONTEXT), seed=SEED)
     lr = 3e-3
+context = min(CONTEXT, model.config.max_len)  # a small model may see fewer positions
 print(f"GPT-2 with {model.num_parameters():,} parameters; {len(corpus.ids):,} tokens of text")
 
 optimizer = AdamW(model.params, lr=lr, weight_decay=0.01)
 sampler = np.random.default_rng([SEED, 1])
 for step in range(1, STEPS + 1):
-    idx, targets = corpus.batch(sampler, BATCH_SIZE, CONTEXT)  # targets: idx shifted by one
+    idx, targets = corpus.batch(sampler, BATCH_SIZE, context)  # targets: idx shifted by one
     loss, grads = model.loss_and_grads(idx, targets)  # wte's gradient: embedding + tied head
     optimizer.step(model.flat, grads, max_grad_norm=1.0)  # clips, then updates model.flat
     if step == 1 or step % 40 == 0:
