@@ -79,6 +79,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                 f"checkpoint {given}: a file, not a run directory; a checkpoint is a run "
                 "directory or a file ending in .npz"
             )
+        if (given / "model.safetensors").is_file():
+            raise InputError(
+                f"checkpoint {path}: no such file; {given} is a Hugging Face directory: turn "
+                f"it into a checkpoint with numpy-engine import-hf {given} --out RUN"
+            )
         raise InputError(f"checkpoint {path}: no such file")
     _check_is_a_zip(path)
     try:

@@ -124,6 +124,12 @@ def test_a_file_given_as_a_run_directory_is_named(tmp_path):
         load_checkpoint(path)
 
 
+def test_a_hugging_face_directory_given_as_a_run_says_to_import_it(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"import-hf {re.escape(str(tmp_path))} --out RUN$"):
+        load_checkpoint(tmp_path)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         load_checkpoint(tmp_path / "nope.npz")
