@@ -31,7 +31,6 @@ class CharTrainConfig:
     context: int = 32
     clip: float = 1.0
     weight_decay: float = 0.01
-    eval_every: int = 50
     prompt: str | None = None  # the sample's prompt; None: the text's first 3 characters
     model: str = "gpt"  # the kind of model trained: any registered kind that continues a prompt
     task: str = "char-lm"  # the name it is registered under in REFERENCE_RUNS

@@ -206,8 +206,8 @@ def run_loop(
             history["step"].append(step)
             history["train_loss"].append(loss)
             history["grad_norm"].append(grad_norm)
-            due = step % cfg.eval_every == 0 or step == cfg.steps
-            progress.update(step, loss, evaluate(state) if evaluate and due else "")
+            due = evaluate and (step % cfg.eval_every == 0 or step == cfg.steps)
+            progress.update(step, loss, evaluate(state) if due else "")
             if checkpointing and checkpointing.every and step % checkpointing.every == 0:
                 last_saved = _save(state, checkpointing, meta)
             if stop.signum is not None and step < cfg.steps:  # at the last step: finish

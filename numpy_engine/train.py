@@ -263,7 +263,11 @@ def _train_config(out_dir, meta: dict):
             f"checkpoint in {out_dir} is of task {meta['task']!r}, which is not known here "
             f"(known: {', '.join(REFERENCE_RUNS)})"
         )
-    return type(REFERENCE_RUNS[meta["task"]])(**meta["train_config"])
+    config_class = type(REFERENCE_RUNS[meta["task"]])
+    settings = meta["train_config"]
+    if config_class is CharTrainConfig:  # saved before 2026-12-02 with an eval_every never read
+        settings = {name: value for name, value in settings.items() if name != "eval_every"}
+    return config_class(**settings)
 
 
 def run_task(

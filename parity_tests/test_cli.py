@@ -231,6 +231,21 @@ def test_a_train_flag_without_its_companion_is_refused_before_training(args, mes
     assert err.startswith(f"numpy-engine train: error: {message}") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "task, flag, value",
+    [
+        ("char-lm", "--eval-every", "5"),  # a language model's run has no held-out evaluation
+        ("lm", "--eval-every", "5"),
+        ("copy", "--context", "8"),
+        ("reverse", "--init", "RUN"),
+    ],
+)
+def test_a_flag_that_does_not_apply_to_the_task_is_refused(task, flag, value, capsys):
+    assert engine_main(["train", task, flag, value, "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"numpy-engine train: error: {flag} does not apply to {task}\n"
+
+
 def test_train_needs_a_task_or_a_run_to_resume(capsys):
     assert engine_main(["train"]) == 2
     assert "give a TASK (copy, reverse, char-lm, lm) or --resume DIR" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import pytest
 
 import numpy_engine as ne
 from numpy_engine import loop
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.generate import greedy_decode
 from numpy_engine.loop import TrainState, empty_history
 from numpy_engine.optim import Adam
@@ -21,6 +22,7 @@ from numpy_engine.train import (
     CharTrainConfig,
     SequenceTrainConfig,
     _strip,
+    resume,
     save_run,
     train_char_lm,
     train_sequence_task,
@@ -212,7 +214,7 @@ def test_a_sequence_run_takes_the_steps_a_hand_written_loop_takes():
 def test_a_language_model_run_takes_the_steps_a_hand_written_loop_takes():
     """A MiniGPT from the run's seed over the text's characters, windows drawn by the run's
     sampler, AdamW with its clip; then a greedy sample of 60 characters from "to "."""
-    cfg = CharTrainConfig(steps=4, seed=5, batch_size=6, context=12, eval_every=4)
+    cfg = CharTrainConfig(steps=4, seed=5, batch_size=6, context=12)
     run = train_char_lm(cfg, progress_stream=None)
     corpus = CharCorpus(DEFAULT_TEXT)
     model = ne.MiniGPT(ne.GPTConfig(corpus.vocab_size, max_len=12), seed=5)
@@ -228,7 +230,7 @@ def test_a_language_model_run_takes_the_steps_a_hand_written_loop_takes():
 
 
 def test_a_language_model_run_samples_from_its_prompt_and_refuses_what_does_not_fit():
-    cfg = CharTrainConfig(steps=2, eval_every=2, prompt="be")
+    cfg = CharTrainConfig(steps=2, prompt="be")
     run = train_char_lm(cfg, progress_stream=None)
     assert run.result["prompt"] == "be" and run.result["greedy_sample"].startswith("be")
     with pytest.raises(ValueError, match=r"batch_size=10000000 with context=32 \(320,000,000"):
@@ -236,12 +238,26 @@ def test_a_language_model_run_samples_from_its_prompt_and_refuses_what_does_not_
 
 
 def test_fine_tuning_starts_from_the_checkpoints_weights_and_refuses_a_longer_context(tmp_path):
-    start = train_char_lm(CharTrainConfig(steps=2, eval_every=2, context=8), progress_stream=None)
+    start = train_char_lm(CharTrainConfig(steps=2, context=8), progress_stream=None)
     save_run(start, tmp_path / "start")
-    cfg = CharTrainConfig(steps=3, eval_every=3, context=8, init=str(tmp_path / "start"))
+    cfg = CharTrainConfig(steps=3, context=8, init=str(tmp_path / "start"))
     tuned = train_char_lm(cfg, progress_stream=None)
     first_batch = CharCorpus(DEFAULT_TEXT).batch(np.random.default_rng([7, 1]), 32, 8)
     assert tuned.history["train_loss"][0] == start.model.loss(*first_batch)
     cfg = replace(cfg, context=16)
     with pytest.raises(ValueError, match="context=16 is longer than the model's 8"):
         train_char_lm(cfg, progress_stream=None)
+
+
+def test_a_language_model_run_saved_with_an_eval_every_resumes(tmp_path):
+    """Runs saved before 2026-12-02 kept an eval_every no language-model run read; the
+    config has none now, and such a checkpoint resumes to the same bits as one without."""
+    run = train_char_lm(CharTrainConfig(steps=2, context=8), progress_stream=None)
+    for name, extra in (("new", {}), ("old", {"eval_every": 50})):
+        save_run(run, tmp_path / name)
+        saved = load_checkpoint(tmp_path / name)
+        meta = saved.meta | {"train_config": saved.meta["train_config"] | extra}
+        save_checkpoint(tmp_path / name, saved.model, saved.optimizer_state, meta)
+    old, new = (resume(tmp_path / name, None, steps=3) for name in ("old", "new"))
+    assert np.array_equal(old.model.flat, new.model.flat)
+    assert old.history["train_loss"] == new.history["train_loss"] and len(old.history["step"]) == 3
