@@ -62,4 +62,10 @@ def run_export(args: argparse.Namespace) -> int:
     written = [os.path.join(args.to, name) for name in HF_FILES]
     refuse_to_overwrite("--to", args.to, written, "give a new directory")
     print(f"wrote {export_hf(args.checkpoint, args.to)}")
+    if not (Path(args.to) / "tokenizer.json").is_file():  # a character vocabulary has no file
+        print(
+            f"note: the checkpoint keeps no Hugging Face tokenizer, so {args.to} has no "
+            "tokenizer.json: the model's ids are its own (a character vocabulary, or none)",
+            file=sys.stderr,
+        )
     return 0

@@ -303,3 +303,15 @@ def test_without_the_hf_extra_the_commands_name_it(tmp_path, capsys, hf_dir, mon
         monkeypatch.setitem(sys.modules, name, None)  # `import safetensors` now fails
     status, _, err = cli(capsys, "import-hf", str(hf_dir), "--out", str(tmp_path / "run"))
     assert status == 2 and "needs the hf extra: pip install -e '.[hf]'" in err, err
+
+
+def test_export_of_a_gpt2_over_characters_says_it_writes_no_tokenizer(tmp_path, capsys):
+    """train lm without --init: a GPT-2 over the text's characters, whose vocabulary a Hugging
+    Face directory has no file for. The weights load; a note says what is missing."""
+    run, back = tmp_path / "chars", tmp_path / "hf"
+    assert cli(capsys, "train", "lm", "--steps", "1", "--quiet", "--out", str(run))[0] == 0
+    status, out, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(back))
+    assert (status, out) == (0, f"wrote {back}\n") and not (back / "tokenizer.json").exists()
+    assert err.startswith(f"note: the checkpoint keeps no Hugging Face tokenizer, so {back} has")
+    _, info = GPT2LMHeadModel.from_pretrained(back, output_loading_info=True)
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
