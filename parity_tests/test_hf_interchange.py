@@ -19,7 +19,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from numpy_engine import hf
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import main
-from numpy_engine.tasks import DEFAULT_TEXT
+from numpy_engine.tasks import DEFAULT_TEXT, TokenizerCorpus
 
 EOT = "<|endoftext|>"
 
@@ -175,7 +175,10 @@ def _tokenizer_larger_than_the_model(directory):
     [
         (lambda d: (d / "config.json").write_text("[1, 2]"), "a JSON list, not an object"),
         (_no_n_embd, "config.json has no n_embd"),
-        (lambda d: (d / "tokenizer.json").write_text("garbage"), "not a readable tokenizer"),
+        (
+            lambda d: (d / "tokenizer.json").write_text("garbage"),
+            "tokenizer.json: not a readable tokenizer",
+        ),
         (lambda d: (d / "tokenizer.json").write_bytes(b"\xff{}"), "tokenizer.json: not readable"),
         (_tokenizer_larger_than_the_model, "tokens, more than the model's vocab_size"),
     ],
@@ -315,3 +318,11 @@ def test_export_of_a_gpt2_over_characters_says_it_writes_no_tokenizer(tmp_path, 
     assert err.startswith(f"note: the checkpoint keeps no Hugging Face tokenizer, so {back} has")
     _, info = GPT2LMHeadModel.from_pretrained(back, output_loading_info=True)
     assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+
+
+def test_a_tokenizer_corpus_holds_the_texts_ids_and_decodes_them_back():
+    tokenizer = bpe_tokenizer(DEFAULT_TEXT)
+    corpus = TokenizerCorpus(tokenizer.to_str(), DEFAULT_TEXT)
+    assert corpus.ids.tolist() == tokenizer.encode(DEFAULT_TEXT).ids
+    assert corpus.decode(corpus.ids) == DEFAULT_TEXT
+    assert corpus.vocab_size == tokenizer.get_vocab_size() == 281  # the trainer stops there
