@@ -39,8 +39,9 @@ def test_training_with_plot_draws_the_loss_curve(runs):
 
 
 def test_plot_redraws_from_the_history(runs, tmp_path):
-    assert main(["plot", str(runs / "copy"), "--out", str(tmp_path / "again.png")]) == 0
-    assert_real_picture(tmp_path / "again.png")
+    again = tmp_path / "new" / "folders" / "again.png"  # made as needed
+    assert main(["plot", str(runs / "copy"), "--out", str(again)]) == 0
+    assert_real_picture(again)
     assert main(["plot", str(runs / "char"), "--out", str(tmp_path / "char.png")]) == 0
     assert_real_picture(tmp_path / "char.png")
     assert not (runs / "char" / "loss.png").exists()  # trained without --plot
