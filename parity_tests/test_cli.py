@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -83,7 +84,12 @@ def test_train_prints_progress_and_a_json_result(copy_dir):
         assert key in summary
     assert sorted(p.name for p in out.iterdir()) == RUN_FILES
     assert json.loads((out / "result.json").read_text())["steps"] == 60
-    assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 60
+    history = json.loads((out / "history.json").read_text())
+    assert len(history["train_loss"]) == 60
+    printed = re.findall(r"step +(\d+)/60  loss (\d+\.\d{4})", result.stderr)
+    assert [int(step) for step, _ in printed] == [1, 6, 12, 18, 24, 30, 36, 42, 48, 54, 60]
+    for step, loss in printed:  # the step's training loss, not another number of it
+        assert loss == f"{history['train_loss'][int(step) - 1]:.4f}"
 
 
 def test_generate_from_a_copy_checkpoint(copy_dir):
