@@ -58,20 +58,7 @@ def positive_float(text: str) -> float:
 
 # what matplotlib writes, with Pillow (a dependency of its): pgf, raw and avif left out (they
 # need LaTeX, are no picture, or a Pillow built with AVIF)
-PICTURE_FORMATS = (
-    "png",
-    "svg",
-    "svgz",
-    "pdf",
-    "eps",
-    "ps",
-    "jpg",
-    "jpeg",
-    "tif",
-    "tiff",
-    "webp",
-    "gif",
-)
+PICTURE_FORMATS = "png svg svgz pdf eps ps jpg jpeg tif tiff webp gif".split()
 
 
 def picture_path(text: str) -> str:
