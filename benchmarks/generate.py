@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 
 import numpy_engine as ne
 from crosscheck.convert import tensor, torch_model_for
+from numpy_engine.cli_args import new_file_path, positive_int
 from numpy_engine.generate import generate
 
 
@@ -45,11 +46,18 @@ def best_of(repeats: int, run) -> tuple[float, np.ndarray]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=256, help="tokens to generate (default 256)")
-    parser.add_argument("--context", type=int, default=128, help="MiniGPT max_len (default 128)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per path; median (default 3)")
-    parser.add_argument("--threads", type=int, default=1, help="BLAS / torch threads (default 1)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results here")
+    count = positive_int
+    parser.add_argument(
+        "--tokens", type=count, default=256, help="tokens to generate (default 256)"
+    )
+    parser.add_argument("--context", type=count, default=128, help="MiniGPT max_len (default 128)")
+    parser.add_argument(
+        "--repeats", type=count, default=3, help="runs per path; median (default 3)"
+    )
+    parser.add_argument("--threads", type=count, default=1, help="BLAS / torch threads (default 1)")
+    parser.add_argument(
+        "--json", type=new_file_path, metavar="FILE", help="also write the results here"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = ne.MiniGPT(ne.GPTConfig(vocab_size=13, max_len=args.context), seed=0)

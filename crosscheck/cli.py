@@ -7,11 +7,14 @@ so the engine's own process never imports torch. Run directly, this is the same 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
+    new_file_path,
     non_negative_int,
     parse_command,
     positive_int,
@@ -111,7 +114,9 @@ def add_bench_command(commands) -> None:
         help="instead, for char-lm and large: steps/s of the engine on 1 and 2 MPI ranks and "
         "of PyTorch DDP on 2 processes (needs the mpi extra)",
     )
-    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.add_argument(
+        "--json", type=new_file_path, metavar="FILE", help="also write the results as JSON"
+    )
     bench.set_defaults(run=run_bench)
 
 
@@ -124,7 +129,10 @@ def run_bench(args: argparse.Namespace) -> int:
         configs = [name for name in args.configs if name in parallel.CONFIGS]
         if not configs:
             raise InputError(f"--data-parallel measures {' and '.join(parallel.CONFIGS)}")
-        print(parallel.table(parallel.run(configs, args.steps)))
+        results = parallel.run(configs, args.steps)
+        print(parallel.table(results))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         return 0
     bench_main(args.configs, args.steps, 3, args.threads, not args.no_memory, args.json)
     return 0

@@ -71,6 +71,19 @@ def picture_path(text: str) -> str:
     return text
 
 
+def new_file_path(text: str) -> str:
+    """A file a command will write at its end (a benchmark's JSON): refused now if it could
+    not be written there, not after minutes of work."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the folder {str(path.parent)!r} does not exist"
+        )
+    return text
+
+
 def int_in(low: int, high: int):
     """An argparse type: an integer from low to high, else a message naming the range."""
 

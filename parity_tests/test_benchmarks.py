@@ -137,6 +137,30 @@ def test_bench_command_runs_through_numpy_engine(tmp_path, capfd):
     assert out.exists() and "copy" in capfd.readouterr().out  # printed by the child process
 
 
+def test_bench_refuses_a_json_path_it_could_not_write_before_it_runs(tmp_path, capsys):
+    for path, said in [
+        (tmp_path, f"argument --json: {str(tmp_path)!r} is a directory, not a file"),
+        (tmp_path / "no" / "b.json", f"the folder {str(tmp_path / 'no')!r} does not exist"),
+    ]:
+        with pytest.raises(SystemExit) as stop:  # argparse, before any step is timed
+            bench_command(["bench", "--configs", "copy", "--json", str(path)])
+        assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_bench_data_parallel_writes_its_json_too(tmp_path, monkeypatch, capsys):
+    """--json was ignored with --data-parallel. The measurement (MPI ranks, DDP) is replaced
+    here: what is checked is that its results reach the file as printed."""
+    from benchmarks import parallel
+
+    results = {"char-lm": {"engine_1": 10.0, "engine_2": 18.0, "torch_ddp_2": 16.0, "steps": 4}}
+    monkeypatch.setattr(parallel, "run", lambda configs, steps: results)
+    out = tmp_path / "parallel.json"
+    args = ["bench", "--data-parallel", "--configs", "char-lm", "--json", str(out)]
+    assert bench_command(args) == 0
+    assert json.loads(out.read_text()) == results
+    assert "char-lm" in capsys.readouterr().out
+
+
 def test_call_count_counts_each_call_from_the_callers_side_once():
     """Operators, in-place operators, reductions, matmul, NumPy functions and indexing each
     count once; np.where's inner calls do not; views and attributes do not. `.mean()`, a
@@ -238,6 +262,8 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
         ("where_time_goes", ["copy", "tiny"], "unknown configs ['tiny']"),
         ("parallel", ["0"], "argument steps: must be a positive integer, got 0"),
         ("gpt2", ["four"], "argument steps: invalid positive_int value: 'four'"),
+        ("generate", ["--tokens", "-3"], "argument --tokens: must be a positive integer, got -3"),
+        ("generate", ["--json", "/"], "argument --json: '/' is a directory, not a file"),
     ],
 )
 def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, capsys):
