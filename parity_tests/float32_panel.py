@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 import numpy_engine as ne
+from numpy_engine.cli_args import non_negative_int, positive_int
 from numpy_engine.models import IGNORE_INDEX
 from parity_tests import layer_cases as cases
 from parity_tests.helpers import LayerCase, layer_float32_checks
@@ -184,9 +185,11 @@ def worst_ratio(checks: dict) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--draws", type=int, default=200, help="cases per kind (default: 200)")
-    parser.add_argument("--first-seed", type=int, default=1000, help="default: 1000")
-    parser.add_argument("--model-draws", type=int, default=None, help="default: --draws")
+    parser.add_argument(
+        "--draws", type=positive_int, default=200, help="cases per kind (default: 200)"
+    )
+    parser.add_argument("--first-seed", type=non_negative_int, default=1000, help="default: 1000")
+    parser.add_argument("--model-draws", type=positive_int, default=None, help="default: --draws")
     args = parser.parse_args()
     from parity_tests.test_models import model_float32_checks  # torch_reference's twins
 
