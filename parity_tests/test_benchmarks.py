@@ -153,12 +153,17 @@ def test_bench_data_parallel_writes_its_json_too(tmp_path, monkeypatch, capsys):
     from benchmarks import parallel
 
     results = {"char-lm": {"engine_1": 10.0, "engine_2": 18.0, "torch_ddp_2": 16.0, "steps": 4}}
-    monkeypatch.setattr(parallel, "run", lambda configs, steps: results)
+    asked = []
+    monkeypatch.setattr(parallel, "run", lambda *args: asked.append(args) or results)
     out = tmp_path / "parallel.json"
-    args = ["bench", "--data-parallel", "--configs", "char-lm", "--json", str(out)]
-    assert bench_command(args) == 0
+    args = ["bench", "--data-parallel", "--configs", "copy", "char-lm", "--steps", "7"]
+    assert bench_command([*args, "--json", str(out)]) == 0
+    assert asked == [(["char-lm"], 7)]  # copy has no data-parallel workload
     assert json.loads(out.read_text()) == results
     assert "char-lm" in capsys.readouterr().out
+    assert bench_command(args) == 0 and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    assert bench_command(["bench", "--data-parallel", "--configs", "copy"]) == 2
+    assert "--data-parallel measures char-lm and large" in capsys.readouterr().err
 
 
 def test_call_count_counts_each_call_from_the_callers_side_once():
