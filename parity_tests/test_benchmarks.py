@@ -134,7 +134,9 @@ def test_bench_command_runs_through_numpy_engine(tmp_path, capfd):
     assert (
         main(["bench", "--configs", "copy", "--steps", "1", "--no-memory", "--json", str(out)]) == 0
     )
-    assert out.exists() and "copy" in capfd.readouterr().out  # printed by the child process
+    printed = capfd.readouterr().out  # by the child process
+    row = next(line.split() for line in printed.splitlines() if line.startswith("copy "))
+    assert out.exists() and row[7:9] == ["-", "-"]  # --no-memory: no memory probe ran
 
 
 def test_bench_refuses_a_json_path_it_could_not_write_before_it_runs(tmp_path, capsys):
