@@ -13,7 +13,6 @@ and for MiniGPT the step's matmuls alone in each library.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -210,9 +209,7 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(
-    configs: list[str], steps: int, warmup: int, threads: int, memory: bool, json_path: str | None
-) -> dict:
+def main(configs: list[str], steps: int, warmup: int, threads: int, memory: bool) -> dict:
     small = [name for name in configs if name in CONFIGS]
     summary = run(small, steps, warmup, threads, memory) if small else {"configs": {}}
     if small:
@@ -220,7 +217,4 @@ def main(
     if gpt2.WORKLOAD in configs:  # against transformers, not torch_reference
         summary[gpt2.WORKLOAD] = gpt2.run(max(3, steps // 10), threads, memory)  # ~3 s a step
         print(gpt2.table(summary[gpt2.WORKLOAD]))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(summary, f, indent=2)
     return summary

@@ -131,10 +131,10 @@ def run_bench(args: argparse.Namespace) -> int:
             raise InputError(f"--data-parallel measures {' and '.join(parallel.CONFIGS)}")
         results = parallel.run(configs, args.steps)
         print(parallel.table(results))
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        return 0
-    bench_main(args.configs, args.steps, 3, args.threads, not args.no_memory, args.json)
+    else:
+        results = bench_main(args.configs, args.steps, 3, args.threads, not args.no_memory)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
