@@ -54,6 +54,15 @@ class Checkpointing:
     out: Path
     every: int | None  # steps between checkpoints; None: only when a signal stops the run
 
+    def make_directory(self) -> None:
+        """out, made before the first step: a place where no checkpoint can be written is
+        refused then, not when the run ends (or at its first checkpoint) with its steps lost."""
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            message = f"{self.out}: cannot make the run's directory ({error.strerror})"
+            raise InputError(message) from None
+
 
 class TrainingDiverged(RuntimeError):
     """A non-finite loss or gradient: training stops before the update that would spread it."""
@@ -185,6 +194,8 @@ def run_loop(
     """
     if parallel is not None and not parallel.is_root:
         progress_stream = checkpointing = None
+    if checkpointing is not None:
+        checkpointing.make_directory()
     if parallel is not None:
         parallel.group.broadcast(state.model.flat)  # rank 0's weights on every rank
     history, first_step, last_saved = state.history, state.step, None

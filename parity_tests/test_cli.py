@@ -265,6 +265,19 @@ def test_plot_without_matplotlib_is_refused_before_training(tmp_path, monkeypatc
     assert not (tmp_path / "run").exists()  # no step was taken
 
 
+def test_an_out_where_no_directory_can_be_made_is_refused_before_the_first_step(tmp_path, capsys):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    out = a_file / "run"  # a file's child: mkdir fails whoever runs the test
+    assert engine_main(["train", "copy", "--steps", "2000", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"numpy-engine train: error: {out}: cannot make the run's directory (Not a directory)\n"
+    )
+    assert a_file.read_text() == "mine"  # and no step's progress line was printed before
+
+
 def test_only_plot_draws_a_picture_and_a_run_without_out_writes_nothing(tmp_path, capsys):
     """--quiet, --checkpoint-every and --resume draw no picture; --plot draws loss.png into
     the run's directory, a resumed run's too; without --out a run only prints its result."""
