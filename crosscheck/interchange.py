@@ -31,7 +31,11 @@ def export_checkpoint(checkpoint_path: str | Path, to: str | Path) -> Path:
     checkpoint = load_checkpoint(checkpoint_path)
     model, to = checkpoint.model, Path(to)
     state_dict = {key: torch.tensor(value) for key, value in model.params.items()}
-    torch.save(state_dict, to)
+    try:
+        to.parent.mkdir(parents=True, exist_ok=True)  # as the engine's own writers do
+        torch.save(state_dict, to)
+    except (OSError, RuntimeError) as error:  # torch.save's failure to open is a RuntimeError
+        raise InputError(f"--to {to}: cannot write it ({error})") from None
     meta = {key: value for key, value in checkpoint.meta.items() if key in KEPT_META}
     description = {"kind": model.kind, "config": dataclasses.asdict(model.config), "meta": meta}
     sidecar(to).write_text(json.dumps(description, indent=2) + "\n")

@@ -293,3 +293,18 @@ def test_import_names_a_damaged_file_whatever_its_bytes(
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "x").exists()
+
+
+def test_export_makes_the_folder_it_writes_into_and_names_a_place_it_cannot(
+    trained, tmp_path, capsys
+):
+    from crosscheck.cli import main as crosscheck_main
+
+    pt = tmp_path / "new" / "folders" / "model.pt"
+    assert crosscheck_main(["export", "--checkpoint", str(trained), "--to", str(pt)]) == 0
+    assert pt.exists() and pt.with_name("model.pt.json").exists()
+    capsys.readouterr()
+    under_a_file = pt / "again.pt"  # pt is a file: no folder can be made there
+    assert crosscheck_main(["export", "--checkpoint", str(trained), "--to", str(under_a_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"--to {under_a_file}: cannot write it" in err and len(err.splitlines()) == 1, err
