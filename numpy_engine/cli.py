@@ -274,7 +274,10 @@ def _check_resume_flags(args: argparse.Namespace, given: dict) -> None:
         raise InputError(
             "--text conflicts with --resume: the run trains on the text it was saved with"
         )
-    saved = load_checkpoint(args.resume).meta.get("train_config", {})
+    meta = load_checkpoint(args.resume).meta
+    if "train_config" not in meta:
+        return  # no training run's checkpoint: train.resume says so, and what to do instead
+    saved = meta["train_config"]
     for name, value in given.items():
         if name != "steps" and name in saved and value != saved[name]:
             raise InputError(

@@ -236,8 +236,12 @@ def resume(
     meta = checkpoint.meta
     missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
     if missing:
+        hint = ""
+        if checkpoint.model.continues_prompt:  # an imported GPT-2, say: weights, no run
+            hint = f"; to train it, start a run from it: train lm --init {out_dir}"
         raise InputError(
-            f"checkpoint in {out_dir} cannot be resumed: its meta lacks {sorted(missing)}"
+            f"checkpoint in {out_dir} cannot be resumed: it holds no training run's state "
+            f"(its meta lacks {sorted(missing)}){hint}"
         )
     cfg = _train_config(out_dir, meta)
     cfg = replace(cfg, steps=steps or cfg.steps)

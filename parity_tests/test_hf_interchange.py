@@ -326,3 +326,16 @@ def test_a_tokenizer_corpus_holds_the_texts_ids_and_decodes_them_back():
     assert corpus.ids.tolist() == tokenizer.encode(DEFAULT_TEXT).ids
     assert corpus.decode(corpus.ids) == DEFAULT_TEXT
     assert corpus.vocab_size == tokenizer.get_vocab_size() == 281  # the trainer stops there
+
+
+def test_an_imported_model_is_not_a_run_to_resume_and_says_how_to_train_it(
+    tmp_path, capsys, hf_dir
+):
+    """--steps was refused as "not applying" before the real reason; now either way the
+    refusal says the checkpoint holds no run, and that train lm --init starts one from it."""
+    run = tmp_path / "run"
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(run))[0] == 0
+    for extra in ([], ["--steps", "5"]):
+        status, _, err = cli(capsys, "train", "--resume", str(run), *extra)
+        assert status == 2 and "cannot be resumed: it holds no training run's state" in err, err
+        assert err.rstrip().endswith(f"start a run from it: train lm --init {run}"), err
