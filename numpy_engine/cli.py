@@ -241,9 +241,9 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
     if args.resume:
         if args.task:
             raise InputError("--resume continues a saved run: give no TASK with it")
-        _check_resume_flags(args, given)
+        checkpoint = _checkpoint_to_resume(args, given)
         steps = given.get("steps")
-        run = train.resume(args.resume, stream, args.checkpoint_every, steps, parallel)
+        run = train.resume(args.resume, stream, args.checkpoint_every, steps, parallel, checkpoint)
         out = args.resume
     else:
         if not args.task:
@@ -266,17 +266,20 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _check_resume_flags(args: argparse.Namespace, given: dict) -> None:
-    """A resumed run keeps its checkpoint's settings: refuse a flag that would change one."""
+def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
+    """The checkpoint in --resume DIR, loaded once (a GPT-2 run's is ~1.5 GB with its
+    optimizer state), after refusing a flag that would change one of its run's settings:
+    a resumed run keeps them."""
     from numpy_engine.checkpoint import load_checkpoint
 
     if args.text:
         raise InputError(
             "--text conflicts with --resume: the run trains on the text it was saved with"
         )
-    meta = load_checkpoint(args.resume).meta
+    checkpoint = load_checkpoint(args.resume)
+    meta = checkpoint.meta
     if "train_config" not in meta:
-        return  # no training run's checkpoint: train.resume says so, and what to do instead
+        return checkpoint  # holds no training run: train.resume says so, and what to do
     saved = meta["train_config"]
     for name, value in given.items():
         if name != "steps" and name in saved and value != saved[name]:
@@ -286,6 +289,7 @@ def _check_resume_flags(args: argparse.Namespace, given: dict) -> None:
             )
         if name not in saved:
             raise InputError(f"{_flag(name)} does not apply to the run in {args.resume}")
+    return checkpoint
 
 
 def _train_new(args: argparse.Namespace, given: dict, stream, parallel):

@@ -18,7 +18,7 @@ from typing import TextIO
 
 import numpy as np
 
-from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
+from numpy_engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
 from numpy_engine.generate import generate, greedy_decode
@@ -228,11 +228,13 @@ def resume(
     checkpoint_every: int | None = None,
     steps: int | None = None,
     parallel: DataParallel | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> TrainRun:
     """Continue the run whose checkpoint is in out_dir, to its configured number of steps, or
     to `steps` (more than it has done): the same parameters, bit for bit, as a run asked for
-    that many steps from the start (the learning rate has no schedule that steps would set)."""
-    checkpoint = load_checkpoint(out_dir)
+    that many steps from the start (the learning rate has no schedule that steps would set).
+    checkpoint: out_dir's, when the caller has loaded it already (else it is loaded here)."""
+    checkpoint = load_checkpoint(out_dir) if checkpoint is None else checkpoint
     meta = checkpoint.meta
     missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
     if missing:

@@ -361,20 +361,31 @@ def test_flags_at_the_edge_of_their_range(capsys):
 
 
 def test_a_resumed_run_saves_a_checkpoint_every_n_steps(tmp_path, monkeypatch):
+    """... and reads its checkpoint once (checking the flags against it, then resuming)."""
+    import numpy_engine.checkpoint as checkpoint
     import numpy_engine.loop as loop
+    import numpy_engine.train as train
 
     out = str(tmp_path / "run")
     first = ["train", "copy", "--steps", "4", "--eval-every", "4", "--quiet", "--out", out]
     assert engine_main(first) == 0
     saved, save = [], loop.save_checkpoint
+    loaded, load = [], checkpoint.load_checkpoint
 
     def recorded(path, model, optimizer_state, meta):
         saved.append(meta["step"])
         return save(path, model, optimizer_state, meta)
 
+    def counted(path):
+        loaded.append(str(path))
+        return load(path)
+
     monkeypatch.setattr(loop, "save_checkpoint", recorded)  # the saves during a run
+    monkeypatch.setattr(checkpoint, "load_checkpoint", counted)  # as the CLI imports it
+    monkeypatch.setattr(train, "load_checkpoint", counted)
     resume = ["train", "--resume", out, "--steps", "10", "--checkpoint-every", "3", "--quiet"]
     assert engine_main(resume) == 0
+    assert loaded == [out]
     assert saved == [6, 9] and load_checkpoint(out).meta["step"] == 10
 
 
