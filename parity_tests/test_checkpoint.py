@@ -192,6 +192,7 @@ def test_a_checkpoint_written_by_an_earlier_engine_loads_decodes_and_resumes(tmp
     assert generated.shape == (1, 3) and ((generated >= 0) & (generated < 12)).all()
     run = tmp_path / "run"
     shutil.copytree(OLD_CHECKPOINT, run)
-    resumed = resume(run, progress_stream=None, steps=25)
+    resumed = resume(run, progress_stream=None, checkpoint_every=2, steps=25)
     assert resumed.history["step"][-5:] == [21, 22, 23, 24, 25]
     assert np.isfinite(resumed.history["train_loss"]).all()
+    assert load_checkpoint(run).meta["step"] == 24  # saved at 22 and 24 on the way
