@@ -358,8 +358,20 @@ def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tupl
     attention_backward(split_heads(dy, cache.n_heads), cache.attention, out=heads)
     # x fed the queries, keys and values: the stacked matmul adds the three paths
     dx, qkv_grads = linear_backward(dqkv, cache.qkv_proj)
+    zero_key_bias_gradient(qkv_grads["bias"], QKV)
     grads = unstacked(qkv_grads, QKV) | with_prefix(out_grads, "out_proj.")
     return dx, grads | input_affine_grads(qkv_grads)
+
+
+def zero_key_bias_gradient(stacked_bias_grad: np.ndarray, names: tuple[str, ...]) -> None:
+    """Set the key projection's part of a stacked projection's bias gradient (its parts
+    named by names) to its exact value, 0. The bias adds one vector c to every key, so
+    q_i . c to every score of row i, and softmax ignores a shift of a whole row: the loss
+    does not depend on it. Its gradient, dk summed over the keys, cancels to 0, and
+    computed that way it is the sum's rounding noise (docs/gradients.md#multi-head-attention)."""
+    C = len(stacked_bias_grad) // len(names)
+    part = names.index("k_proj")
+    stacked_bias_grad[part * C : (part + 1) * C] = 0.0
 
 
 class CrossAttentionCache(NamedTuple):
@@ -414,6 +426,7 @@ def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tu
     dx, q_grads = linear_backward(dq, cache.q_proj)  # forward was q = q_proj(x)
     # memory fed the keys and the values: the stacked matmul adds the two paths
     dmemory, kv_grads = linear_backward(dkv, cache.kv_proj)
+    zero_key_bias_gradient(kv_grads["bias"], KV)
     affine_grads = input_affine_grads(q_grads)
     grads = with_prefix(q_grads, "q_proj.") | unstacked(kv_grads, KV)
     return dx, dmemory, grads | with_prefix(out_grads, "out_proj.") | affine_grads
