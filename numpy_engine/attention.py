@@ -358,6 +358,7 @@ def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tupl
     attention_backward(split_heads(dy, cache.n_heads), cache.attention, out=heads)
     # x fed the queries, keys and values: the stacked matmul adds the three paths
     dx, qkv_grads = linear_backward(dqkv, cache.qkv_proj)
+    # forward was k = x W_k^T + b_k, read only by the scores q k^T, whose rows ignore b_k
     zero_key_bias_gradient(qkv_grads["bias"], QKV)
     grads = unstacked(qkv_grads, QKV) | with_prefix(out_grads, "out_proj.")
     return dx, grads | input_affine_grads(qkv_grads)
@@ -426,7 +427,7 @@ def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tu
     dx, q_grads = linear_backward(dq, cache.q_proj)  # forward was q = q_proj(x)
     # memory fed the keys and the values: the stacked matmul adds the two paths
     dmemory, kv_grads = linear_backward(dkv, cache.kv_proj)
-    zero_key_bias_gradient(kv_grads["bias"], KV)
+    zero_key_bias_gradient(kv_grads["bias"], KV)  # the same b_k, over memory's keys
     affine_grads = input_affine_grads(q_grads)
     grads = with_prefix(q_grads, "q_proj.") | unstacked(kv_grads, KV)
     return dx, dmemory, grads | with_prefix(out_grads, "out_proj.") | affine_grads

@@ -15,6 +15,7 @@ import numpy_engine as ne
 import numpy_engine.models.minigpt
 import numpy_engine.models.seq2seq
 from numpy_engine import attention as A
+from parity_tests import layer_cases as cases
 from parity_tests.strategies import gpt_cases, randomize_params, randomized_model, seq2seq_cases
 
 INVARIANCE_TOLERANCE = 1e-12  # float64, normwise relative; a broken mask gives ~1e-2
@@ -263,8 +264,6 @@ def test_a_key_bias_changes_nothing_and_its_gradient_is_exactly_zero(kind):
     is the exact 0 (attention.zero_key_bias_gradient), not the rounding noise of summing dk
     over the keys, which is what a float32 draw of the survey failed the bound on (seed 1986
     of the cross-attention, test_float32.PINNED_DRAWS). The other biases' gradients are not 0."""
-    from parity_tests import layer_cases as cases
-
     rng = np.random.default_rng(0)
     if kind == "cross":
         case = cases.cross_attention(rng, 3, 2, 4, 5, 3)
