@@ -9,9 +9,10 @@ a temporary directory, renamed `numpy_engine_old` and `benchmarks_old` (their im
 rewritten to match), so both engines load side by side. Each config's workload is built
 by each (the same seeded weights and batches), then training steps alternate old and new
 (the order flipping each pair) after 5 warm-up pairs. It prints each side's median ms a
-step and the median of the pairs' new / old ratios: two steps taken back to back share the
-machine's drift, so the ratio resolves changes of about half a percent, where separate
-processes do not. One BLAS thread (set before NumPy loads); engine only, no torch.
+step and the median of the pairs' new / old ratios, with their middle half (first to third
+quartile): two steps taken back to back share the machine's drift, so the ratio resolves
+changes of about half a percent, where separate processes do not. One BLAS thread (set
+before NumPy loads); engine only, no torch.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ def side(benchmarks, name: str) -> tuple:
     return (workloads, trainer.model, trainer.optimizer, benchmarks.gpt2.batches(4), [])
 
 
-def alternate(old, new, name: str, pairs: int) -> tuple[float, float, float]:
-    """(old median ms, new median ms, median new / old) over pairs of alternating steps;
-    old and new are the two sides' `benchmarks` packages."""
+def alternate(old, new, name: str, pairs: int) -> tuple[float, float, float, tuple]:
+    """(old median ms, new median ms, median new / old, the middle half of the pairs' new / old)
+    over pairs of alternating steps; old and new are the two sides' `benchmarks` packages."""
     sides = [side(old, name), side(new, name)]
     stopwatch = new.workloads  # one clock and one ratio for both sides
     for i in range(pairs + 5):
@@ -77,6 +78,7 @@ def alternate(old, new, name: str, pairs: int) -> tuple[float, float, float]:
         1e3 * statistics.median(old_times),
         1e3 * statistics.median(new_times),
         stopwatch.paired_ratio(new_times, old_times),
+        stopwatch.middle_half(new_times, old_times),
     )
 
 
@@ -119,8 +121,13 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"unknown configs {sorted(unknown)}; known: {sorted(known)}")
         print(f"{args.revision} (old) against the working tree (new), one thread")
         for name in args.configs:
-            old_ms, new_ms, ratio = alternate(benchmarks_old, benchmarks, name, args.steps)
-            print(f"{name:8s} old {old_ms:9.3f} ms  new {new_ms:9.3f} ms  new/old {ratio:.4f}")
+            old_ms, new_ms, ratio, (first, third) = alternate(
+                benchmarks_old, benchmarks, name, args.steps
+            )
+            print(
+                f"{name:8s} old {old_ms:9.3f} ms  new {new_ms:9.3f} ms  new/old {ratio:.4f} "
+                f"(middle half of the pairs {first:.4f}-{third:.4f})"
+            )
 
 
 if __name__ == "__main__":

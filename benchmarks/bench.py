@@ -4,7 +4,8 @@ For each configuration both models start from the same weights and see the same
 batches; full training steps (forward, backward, clipping, optimizer) alternate
 between the two after a warm-up: step by step on one thread, in turns of a few steps on
 more (workloads.alternate says why). Reported: median milliseconds per step, the ratio
-engine / torch (the median over pairs of consecutive steps), model FLOPs per step,
+engine / torch (the median over pairs of consecutive steps) and the middle half of the
+pairs' ratios (first to third quartile: how much the pairs disagree), model FLOPs per step,
 achieved GFLOP/s and that as a fraction of this machine's float32 matmul peak (a large
 np.matmul, measured in the same run), the peak resident memory of each engine, each
 measured in a separate process, the engine's NumPy calls per step (benchmarks/call_count.py),
@@ -27,7 +28,15 @@ from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
 from benchmarks.matmul_floor import best_seconds, gpt_step_matmuls, matmul_floor_ms
 from benchmarks.workloads import WORKLOADS as CONFIGS
-from benchmarks.workloads import Workload, alternate, engine_step, paired_ratio, peak_rss_mb
+from benchmarks.workloads import (
+    Workload,
+    alternate,
+    engine_step,
+    middle_half,
+    paired_ratio,
+    peak_rss_mb,
+    spread,
+)
 from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPTConfig
@@ -91,6 +100,7 @@ def time_config(cfg: Workload, steps: int, warmup: int, threads: int) -> dict:
         "engine_ms": engine,
         "torch_ms": reference,
         "ratio": ratio,
+        "ratio_middle_half": middle_half(engine_ms, torch_ms),
         "flops_per_step": flops,
         "engine_gflops": flops / engine / 1e6,
         "torch_gflops": flops / reference / 1e6,
@@ -177,7 +187,8 @@ def table(summary: dict) -> str:
         f"float32, {summary['threads']} thread(s); np.matmul peak "
         f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024); BLAS: NumPy "
         f"{summary['blas']['numpy']}, torch {summary['blas']['torch']}",
-        f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'MFLOP/step':>11} "
+        f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'middle half':>12} "
+        f"{'MFLOP/step':>11} "
         f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9} {'np calls':>9}",
     ]
     for name, r in summary["configs"].items():
@@ -188,7 +199,8 @@ def table(summary: dict) -> str:
         )
         lines.append(
             f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.2f} "
-            f"{r['flops_per_step'] / 1e6:>11.1f} {r['engine_gflops']:>8.2f} "
+            f"{spread(r['ratio_middle_half']):>12} {r['flops_per_step'] / 1e6:>11.1f} "
+            f"{r['engine_gflops']:>8.2f} "
             f"{r['engine_peak_fraction']:>8.1%} {mem} {r['numpy_calls']:>9}"
         )
     floors = {name: r for name, r in summary["configs"].items() if "numpy_matmul_ms" in r}

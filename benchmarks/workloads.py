@@ -116,6 +116,22 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
+def middle_half(numerators: list[float], denominators: list[float]) -> tuple[float, float]:
+    """(first, third) quartile of the pairs' ratios: how much the pairs disagree. Printed
+    beside their median because a few pairs mislead: runs of 4 GPT-2 pairs of nearly the
+    same code read 0.79 to 1.04 (docs/performance.md, section 2). One pair: its ratio twice."""
+    ratios = [a / b for a, b in zip(numerators, denominators, strict=True)]
+    if len(ratios) == 1:
+        return ratios[0], ratios[0]
+    first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
+    return first, third
+
+
+def spread(quartiles: tuple[float, float]) -> str:
+    """middle_half as the benchmarks print it: "first-third"."""
+    return f"{quartiles[0]:.2f}-{quartiles[1]:.2f}"
+
+
 def steps_argument(argv, prog: str, description: str, default: int, what: str) -> int:
     """The one optional positional argument of a benchmark script, a positive count of
     steps; --help prints description, a bad count exits 2 naming it."""

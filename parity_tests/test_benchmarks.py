@@ -11,6 +11,7 @@ import pytest
 from benchmarks import generate as generate_benchmark
 from benchmarks.bench import CONFIGS, flops_per_step
 from benchmarks.matmul_floor import gpt_step_matmuls
+from benchmarks.workloads import middle_half, spread
 from crosscheck.cli import main as bench_command
 from numpy_engine import GPTConfig, MiniGPT
 from numpy_engine.cli import main
@@ -39,6 +40,7 @@ def test_train_step_benchmark_one_step_smoke(tmp_path, capsys):
         assert row["engine_ms"] > 0 and row["torch_ms"] > 0 and row["flops_per_step"] > 0
         assert row["engine_peak_mb"] > 0 and row["torch_peak_mb"] > 0
         assert 100 < row["numpy_calls"] < 5000  # a small model's step: hundreds of calls
+        assert row["ratio_middle_half"] == [row["ratio"], row["ratio"]]  # one pair: its own
     char_lm = summary["configs"]["char-lm"]
     assert char_lm["numpy_matmul_ms"] > 0 and char_lm["torch_matmul_ms"] > 0
     blas = summary["blas"]  # what the ratios depend on, named in the table's first line
@@ -77,6 +79,26 @@ def alternated(threads: int, pairs: int, monkeypatch, seconds=lambda i: 0.04) ->
 def turn_calls(first: int, last: int) -> list[str]:
     """A turn of each side, the engine's first, on batches first..last."""
     return [f"{side}{i}" for side in "et" for i in range(first, last + 1)]
+
+
+def test_middle_half_is_the_quartiles_of_each_pairs_own_ratio():
+    """Ratios 1..5: quartiles 2 and 4. Pairs (2 / 1, 2 / 4): ratios 2 and 0.5, quartiles
+    0.875 and 1.625, where the medians' ratio would read 2 / 2.5 = 0.8 at both ends."""
+    assert middle_half([1, 2, 3, 4, 5], [1] * 5) == (2.0, 4.0)
+    assert middle_half([2, 2], [1, 4]) == (0.875, 1.625)
+    assert spread(middle_half([2, 2], [1, 4])) == "0.88-1.62"
+
+
+def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
+    from benchmarks import gpt2
+
+    result = dict(engine_ms=1764.2, torch_ms=1866.0, ratio=0.94, ratio_middle_half=(0.9, 0.98))
+    result |= dict(pairs=20, engine_tokens_per_s=25.8, torch_tokens_per_s=23.8, same_tokens=True)
+    first_line = gpt2.table(result).splitlines()[0]
+    assert first_line.endswith(
+        "engine 1764 ms, transformers 1866 ms a training step, ratio 0.94 "
+        "(the middle half of its 20 pairs 0.90-0.98)"
+    )
 
 
 def test_alternate_on_one_thread_takes_one_step_each_in_turn(monkeypatch):
@@ -136,7 +158,7 @@ def test_bench_command_runs_through_numpy_engine(tmp_path, capfd):
     )
     printed = capfd.readouterr().out  # by the child process
     row = next(line.split() for line in printed.splitlines() if line.startswith("copy "))
-    assert out.exists() and row[7:9] == ["-", "-"]  # --no-memory: no memory probe ran
+    assert out.exists() and row[8:10] == ["-", "-"]  # --no-memory: no memory probe ran
 
 
 def test_bench_refuses_a_json_path_it_could_not_write_before_it_runs(tmp_path, capsys):
@@ -258,7 +280,10 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
     done = run("HEAD", "--configs", "copy", "--steps", "3")
     assert done.returncode == 0, done.stderr
     line = next(row for row in done.stdout.splitlines() if row.startswith("copy"))
-    assert float(line.split("new/old")[1]) > 0
+    ratio, first, third = re.search(
+        r"new/old (\S+) \(middle half of the pairs (\S+)-(\S+)\)", line
+    ).groups()
+    assert 0 < float(first) <= float(ratio) <= float(third)
     refused = run("no-such-revision", "--steps", "1")
     assert refused.returncode == 1 and "no-such-revision" in refused.stderr
 
