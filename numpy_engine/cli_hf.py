@@ -20,7 +20,9 @@ def add_hf_commands(commands) -> None:
     imp = commands.add_parser(
         "import-hf",
         help="turn a Hugging Face GPT-2 directory into an engine checkpoint (needs the hf extra)",
-        description="Read config.json, model.safetensors and (if present) tokenizer.json from "
+        description="Read config.json, model.safetensors (or the shards that "
+        "model.safetensors.index.json lists, as save_pretrained writes a model past its "
+        "max_shard_size) and (if present) tokenizer.json from "
         "DIR, as save_pretrained writes them or the hub's download gives them, and write "
         "RUN/checkpoint.npz: the weights (Conv1D weights transposed, c_attn split into q, k, "
         "v), the config, and the tokenizer for generate --prompt and train lm --text. "

@@ -1,6 +1,7 @@
 """Hugging Face GPT-2 directories to engine checkpoints and back (the hf extra).
 
-A directory as `save_pretrained` writes it: config.json, model.safetensors and, when
+A directory as `save_pretrained` writes it: config.json, model.safetensors (or, for a model
+past its max_shard_size, the shards that model.safetensors.index.json lists) and, when
 there is one, tokenizer.json. Hugging Face's Conv1D layers store weights (in, out) and
 compute x @ W + b; the engine stores (out, in) as torch.nn.Linear does, so every Conv1D
 weight is transposed, and c_attn, which packs q, k and v along its outputs, is split in
@@ -176,13 +177,7 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     directory = Path(directory)
     st = _safetensors_numpy()
     hf_config = _read_json(directory / "config.json")
-    weights = directory / "model.safetensors"
-    if not weights.is_file():
-        raise InputError(f"{weights}: no such file (import-hf reads safetensors)")
-    try:
-        state = st.load_file(weights)
-    except Exception as error:  # safetensors raises its own error types for a corrupt file
-        raise InputError(f"{weights}: not a readable safetensors file ({error})") from None
+    state = _read_weights(st, directory)
     dtype = "float64" if any(v.dtype == np.float64 for v in state.values()) else "float32"
     config = config_from_hf(hf_config, dtype)
     model = GPT2(config)
@@ -193,6 +188,40 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     if tokenizer.is_file():
         meta["tokenizer"] = _read_tokenizer(tokenizer, config.vocab_size)
     return save_checkpoint(out, model, None, meta)
+
+
+SHARD_INDEX = "model.safetensors.index.json"  # save_pretrained's list of a sharded model's files
+
+
+def _read_weights(st, directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the directory's model.safetensors, or of the shards its index lists."""
+    single, index = directory / "model.safetensors", directory / SHARD_INDEX
+    if not single.is_file() and not index.is_file():
+        raise InputError(f"{single}: no such file, nor {SHARD_INDEX} (import-hf reads safetensors)")
+    if single.is_file():
+        return _read_safetensors(st, single)
+    weight_map = _read_json(index).get("weight_map")  # key -> the shard's file name
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError(f"{index}: no weight_map naming each key's shard")
+    state = {}
+    for name in sorted(set(map(str, weight_map.values()))):
+        if Path(name).name != name:  # a shard lies beside its index, never elsewhere
+            raise InputError(f"{index}: shard {name!r} is not a file name in {directory}")
+        shard = _read_safetensors(st, directory / name)
+        listed = {key for key, file in weight_map.items() if file == name}
+        if listed - set(shard):
+            raise InputError(f"{directory / name}: lacks {sorted(listed - set(shard))[0]!r}")
+        state |= shard
+    return state
+
+
+def _read_safetensors(st, path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise InputError(f"{path}: no such file (import-hf reads safetensors)")
+    try:
+        return st.load_file(path)
+    except Exception as error:  # safetensors raises its own error types for a corrupt file
+        raise InputError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def _read_tokenizer(path: Path, vocab_size: int) -> str:

@@ -283,6 +283,77 @@ def test_import_reads_the_old_hub_layout_and_a_config_without_the_newer_settings
         np.testing.assert_array_equal(old_params[key], value)
 
 
+@pytest.fixture(scope="module")
+def sharded_dir(tmp_path_factory, hf_dir):
+    """hf_dir as save_pretrained writes a model past its max_shard_size: no model.safetensors,
+    but shards and model.safetensors.index.json, which names each key's shard."""
+    directory = tmp_path_factory.mktemp("sharded")
+    GPT2LMHeadModel.from_pretrained(hf_dir).save_pretrained(directory, max_shard_size="8KB")
+    shutil.copy(hf_dir / "tokenizer.json", directory)
+    return directory
+
+
+def test_import_reads_a_sharded_directory_as_the_whole_one(tmp_path, capsys, hf_dir, sharded_dir):
+    assert not (sharded_dir / "model.safetensors").exists() and len(shard_names(sharded_dir)) >= 3
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(whole))[0] == 0
+    assert cli(capsys, "import-hf", str(sharded_dir), "--out", str(parts))[0] == 0
+    whole_params, parts_params = (load_checkpoint(run).model.params for run in (whole, parts))
+    assert list(whole_params) == list(parts_params)
+    for key, value in whole_params.items():
+        np.testing.assert_array_equal(parts_params[key], value)
+
+
+def shard_names(directory) -> list[str]:
+    """The files a sharded directory's index names, in order."""
+    index = json.loads((directory / hf.SHARD_INDEX).read_text())
+    return sorted(set(index["weight_map"].values()))
+
+
+def first_shard(directory):  # a Path
+    return directory / shard_names(directory)[0]
+
+
+def spoil_index(change):
+    def spoil(directory):
+        index = json.loads((directory / hf.SHARD_INDEX).read_text())
+        (directory / hf.SHARD_INDEX).write_text(json.dumps(change(index)))
+
+    return spoil
+
+
+def listed_in_first_shard(index: dict) -> dict:
+    shard = min(index["weight_map"].values())
+    return index | {"weight_map": index["weight_map"] | {"transformer.h.9.extra": shard}}
+
+
+@pytest.mark.parametrize(
+    ("spoil", "words"),
+    [
+        (lambda d: first_shard(d).unlink(), "{first}: no such file (import-hf reads"),
+        (lambda d: first_shard(d).write_bytes(b"\x00" * 9), "{first}: not a readable safetensors"),
+        (spoil_index(lambda index: {"metadata": {}}), "no weight_map naming each key's shard"),
+        (
+            spoil_index(lambda index: index | {"weight_map": {"wte": "../model.safetensors"}}),
+            "shard '../model.safetensors' is not a file name in",
+        ),
+        (spoil_index(listed_in_first_shard), "lacks 'transformer.h.9.extra'"),
+        (lambda d: (d / hf.SHARD_INDEX).unlink(), "no such file, nor model.safetensors.index"),
+    ],
+)
+def test_import_refuses_a_sharded_directory_whose_shards_do_not_match_its_index(
+    tmp_path, capsys, sharded_dir, spoil, words
+):
+    """Each refusal is one line naming the file ({first}: the index's first shard)."""
+    directory = tmp_path / "spoiled"
+    shutil.copytree(sharded_dir, directory)
+    words = words.format(first=first_shard(directory))
+    spoil(directory)
+    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
+    assert status == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     ("eos", "eos_id"), [(0, 0), (299, 299), (300, None), (None, None), ([7], None)]
 )
