@@ -333,6 +333,7 @@ def listed_in_first_shard(index: dict) -> dict:
         (lambda d: first_shard(d).unlink(), "{first}: no such file (import-hf reads"),
         (lambda d: first_shard(d).write_bytes(b"\x00" * 9), "{first}: not a readable safetensors"),
         (spoil_index(lambda index: {"metadata": {}}), "no weight_map naming each key's shard"),
+        (spoil_index(lambda index: {"weight_map": {}}), "no weight_map naming each key's shard"),
         (
             spoil_index(lambda index: index | {"weight_map": {"wte": "../model.safetensors"}}),
             "shard '../model.safetensors' is not a file name in",
