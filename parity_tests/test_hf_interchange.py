@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,13 +305,13 @@ def test_import_reads_a_sharded_directory_as_the_whole_one(tmp_path, capsys, hf_
         np.testing.assert_array_equal(parts_params[key], value)
 
 
-def shard_names(directory) -> list[str]:
+def shard_names(directory: Path) -> list[str]:
     """The files a sharded directory's index names, in order."""
     index = json.loads((directory / hf.SHARD_INDEX).read_text())
     return sorted(set(index["weight_map"].values()))
 
 
-def first_shard(directory):  # a Path
+def first_shard(directory: Path) -> Path:
     return directory / shard_names(directory)[0]
 
 
