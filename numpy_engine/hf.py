@@ -196,21 +196,32 @@ SHARD_INDEX = "model.safetensors.index.json"  # save_pretrained's list of a shar
 def _read_weights(st, directory: Path) -> dict[str, np.ndarray]:
     """Every tensor of the directory's model.safetensors, or of the shards its index lists."""
     single, index = directory / "model.safetensors", directory / SHARD_INDEX
-    if not single.is_file() and not index.is_file():
-        raise InputError(f"{single}: no such file, nor {SHARD_INDEX} (import-hf reads safetensors)")
     if single.is_file():
         return _read_safetensors(st, single)
+    if index.is_file():
+        return _read_shards(st, index)
+    pickled = sorted(path.name for path in directory.glob("pytorch_model*.bin"))
+    if pickled:  # torch's pickles: reading them would need torch, and trusting the file
+        raise InputError(
+            f"{single}: no such file, nor {SHARD_INDEX}; {pickled[0]} is torch's format: load "
+            "it with transformers and save_pretrained it again, which writes safetensors"
+        )
+    raise InputError(f"{single}: no such file, nor {SHARD_INDEX} (import-hf reads safetensors)")
+
+
+def _read_shards(st, index: Path) -> dict[str, np.ndarray]:
+    """The tensors of every shard the index lists, each checked to hold the keys listed for it."""
     weight_map = _read_json(index).get("weight_map")  # key -> the shard's file name
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"{index}: no weight_map naming each key's shard")
     state = {}
     for name in sorted(set(map(str, weight_map.values()))):
         if Path(name).name != name:  # a shard lies beside its index, never elsewhere
-            raise InputError(f"{index}: shard {name!r} is not a file name in {directory}")
-        shard = _read_safetensors(st, directory / name)
+            raise InputError(f"{index}: shard {name!r} is not a file name in {index.parent}")
+        shard = _read_safetensors(st, index.parent / name)
         listed = {key for key, file in weight_map.items() if file == name}
         if listed - set(shard):
-            raise InputError(f"{directory / name}: lacks {sorted(listed - set(shard))[0]!r}")
+            raise InputError(f"{index.parent / name}: lacks {sorted(listed - set(shard))[0]!r}")
         state |= shard
     return state
 

@@ -284,6 +284,18 @@ def test_import_reads_the_old_hub_layout_and_a_config_without_the_newer_settings
         np.testing.assert_array_equal(old_params[key], value)
 
 
+def test_import_of_torchs_pickled_weights_says_how_to_make_safetensors(tmp_path, capsys, hf_dir):
+    """Older directories (save_pretrained before safetensors) hold pytorch_model.bin."""
+    directory = tmp_path / "pickled"
+    directory.mkdir()
+    shutil.copy(hf_dir / "config.json", directory)
+    weights = GPT2LMHeadModel.from_pretrained(hf_dir).state_dict()
+    torch.save(weights, directory / "pytorch_model.bin")
+    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert "pytorch_model.bin is torch's format: load it with transformers and" in err
+
+
 @pytest.fixture(scope="module")
 def sharded_dir(tmp_path_factory, hf_dir):
     """hf_dir as save_pretrained writes a model past its max_shard_size: no model.safetensors,
