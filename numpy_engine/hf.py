@@ -219,9 +219,9 @@ def _read_shards(st, index: Path) -> dict[str, np.ndarray]:
         if Path(name).name != name:  # a shard lies beside its index, never elsewhere
             raise InputError(f"{index}: shard {name!r} is not a file name in {index.parent}")
         shard = _read_safetensors(st, index.parent / name)
-        listed = {key for key, file in weight_map.items() if file == name}
-        if listed - set(shard):
-            raise InputError(f"{index.parent / name}: lacks {sorted(listed - set(shard))[0]!r}")
+        lacking = {key for key, file in weight_map.items() if file == name} - shard.keys()
+        if lacking:
+            raise InputError(f"{index.parent / name}: lacks {min(lacking)!r}")
         state |= shard
     return state
 
