@@ -188,7 +188,8 @@ def train_char_lm(
         "steps": cfg.steps,
         "corpus_characters": len(text),
         "corpus_tokens": len(corpus.ids),
-        "vocab_size": corpus.vocab_size,
+        "vocab_size": state.model.config.vocab_size,  # what the model predicts over
+        "tokenizer_vocab_size": corpus.vocab_size,  # may be fewer (a padded checkpoint's)
         "initial_train_loss": state.history["train_loss"][0],
         "final_train_loss": final_train_loss(state.history),
         **timing,

@@ -229,6 +229,28 @@ def test_a_model_imported_without_its_tokenizer_says_how_to_read_text(tmp_path, 
         assert status == 2 and "no tokenizer or vocabulary" in err and "tokenizer.json" in err
 
 
+def test_fine_tuning_a_model_wider_than_its_tokenizer_reports_both_sizes(tmp_path, capsys, hf_dir):
+    """A checkpoint whose vocabulary is padded past its tokenizer's (as some are, for speed):
+    train lm's result names the model's vocab_size and the tokenizer's, each its own."""
+    tokenizer_size = Tokenizer.from_file(str(hf_dir / "tokenizer.json")).get_vocab_size()
+    wide = tmp_path / "wide"
+    sizes = dict(n_positions=16, n_embd=8, n_layer=1, n_head=2)
+    config = GPT2Config(vocab_size=tokenizer_size + 7, **sizes)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(wide)
+    shutil.copy(hf_dir / "tokenizer.json", wide)
+    run, tuned, text = tmp_path / "run", tmp_path / "tuned", tmp_path / "text.txt"
+    text.write_text(DEFAULT_TEXT)
+    assert cli(capsys, "import-hf", str(wide), "--out", str(run))[0] == 0
+    train = ["train", "lm", "--init", str(run), "--text", str(text), "--steps", "2"]
+    assert cli(capsys, *train, "--context", "8", "--quiet", "--out", str(tuned))[0] == 0
+    result = json.loads((tuned / "result.json").read_text())
+    assert (result["vocab_size"], result["tokenizer_vocab_size"]) == (
+        tokenizer_size + 7,
+        tokenizer_size,
+    )
+
+
 def test_import_and_export_write_over_nothing_a_user_has(tmp_path, capsys, hf_dir):
     """export-hf back into the directory the model came from, or import-hf over a checkpoint:
     refused with exit 2, every file as it was."""
