@@ -35,6 +35,7 @@ from benchmarks.workloads import (
     middle_half,
     paired_ratio,
     peak_rss_mb,
+    processor_name,
     spread,
 )
 from crosscheck.convert import tensor, torch_model_for
@@ -178,6 +179,7 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
         "threads": threads,
         "matmul_peak_gflops": peak,
         "blas": blas_libraries(),
+        "processor": processor_name(),
         "configs": results,
     }
 
@@ -186,7 +188,7 @@ def table(summary: dict) -> str:
     lines = [
         f"float32, {summary['threads']} thread(s); np.matmul peak "
         f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024); BLAS: NumPy "
-        f"{summary['blas']['numpy']}, torch {summary['blas']['torch']}",
+        f"{summary['blas']['numpy']}, torch {summary['blas']['torch']}; {summary['processor']}",
         f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'middle half':>12} "
         f"{'MFLOP/step':>11} "
         f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9} {'np calls':>9}",

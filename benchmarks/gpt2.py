@@ -26,6 +26,7 @@ from benchmarks.workloads import (
     middle_half,
     paired_ratio,
     peak_rss_mb,
+    processor_name,
     spread,
     steps_argument,
     timed,
@@ -184,6 +185,7 @@ def run(steps: int, threads: int, memory: bool) -> dict:
     torch.set_num_threads(threads)
     with threadpool_limits(threads):
         result = time_steps(steps, threads) | time_generation()
+    result["processor"] = processor_name()
     if memory:
         result["engine_peak_mb"] = peak_memory_mb("engine", threads)
         result["torch_peak_mb"] = peak_memory_mb("torch", threads)
@@ -198,9 +200,10 @@ def table(r: dict) -> str:
         )
     same = "the same tokens" if r["same_tokens"] else "DIFFERENT tokens"
     return (
-        f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}): engine {r['engine_ms']:.0f} ms, "
-        f"transformers {r['torch_ms']:.0f} ms a training step, ratio {r['ratio']:.2f} (the "
-        f"middle half of its {r['pairs']} pairs {spread(r['ratio_middle_half'])}){memory}\n"
+        f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}; {r['processor']}): engine "
+        f"{r['engine_ms']:.0f} ms, transformers {r['torch_ms']:.0f} ms a training step, "
+        f"ratio {r['ratio']:.2f} (the middle half of its {r['pairs']} pairs "
+        f"{spread(r['ratio_middle_half'])}){memory}\n"
         f"gpt2 generation ({PROMPT}-token prompt, {NEW_TOKENS} new, greedy, KV cache): engine "
         f"{r['engine_tokens_per_s']:.1f} tokens/s, transformers {r['torch_tokens_per_s']:.1f} "
         f"tokens/s, {same}"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import platform
 import resource
 import statistics
 import time
@@ -174,3 +176,21 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def processor_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This machine's processor and core count, e.g. "AMD EPYC, 2 cores": the ratios depend on
+    the processor as much as on the BLAS (docs/performance.md, section 2). The model name is
+    Linux's (cpuinfo); elsewhere, or if it has none, what platform reports."""
+    name = None
+    try:
+        with open(cpuinfo) as info:
+            for line in info:
+                if line.startswith("model name") and ":" in line:
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or "an unknown processor"
+    cores = os.cpu_count()  # None where it cannot be told
+    return f"{name}, {cores} cores" if cores else name

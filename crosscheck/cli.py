@@ -87,7 +87,8 @@ def add_bench_command(commands) -> None:
         help="time training steps against the PyTorch reference (needs the test extra)",
         description="Train the engine and torch_reference side by side on the same weights and "
         "batches, alternating, and print ms per step, the ratio, GFLOP/s against this machine's "
-        "matmul peak, each engine's peak memory, and the engine's NumPy calls per step. Configs: "
+        "matmul peak, each engine's peak memory, and the engine's NumPy calls per step, under a "
+        "line naming the processor and each library's BLAS (the ratios depend on both). Configs: "
         "copy, char-lm, large; and gpt2, the 124M model against Hugging Face transformers "
         "(training step, memory, generation).",
     )

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import generate as generate_benchmark
 from benchmarks.bench import CONFIGS, flops_per_step
 from benchmarks.matmul_floor import gpt_step_matmuls
-from benchmarks.workloads import middle_half, spread
+from benchmarks.workloads import middle_half, processor_name, spread
 from crosscheck.cli import main as bench_command
 from numpy_engine import GPTConfig, MiniGPT
 from numpy_engine.cli import main
@@ -46,12 +46,27 @@ def test_train_step_benchmark_one_step_smoke(tmp_path, capsys):
     blas = summary["blas"]  # what the ratios depend on, named in the table's first line
     assert blas["numpy"].split()[0] in ("scipy-openblas", "openblas", "accelerate", "mkl")
     assert blas["torch"] != "unknown"
+    assert summary["processor"] == processor_name()  # the other thing the ratios depend on
     assert "copy" not in [line.split()[0] for line in table_after("matmuls alone", capsys)]
+
+
+def test_processor_name_reads_the_model_name_and_counts_the_cores(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\n")
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert processor_name(str(cpuinfo)) == "AMD EPYC 9R14, 2 cores"
+    monkeypatch.setattr("platform.processor", lambda: "")
+    monkeypatch.setattr("platform.machine", lambda: "arm64")
+    assert processor_name(str(tmp_path / "none")) == "arm64, 2 cores"  # no /proc: platform's
+    cpuinfo.write_text("processor\t: 0\n")  # no model name (some ARM kernels)
+    monkeypatch.setattr("os.cpu_count", lambda: None)
+    assert processor_name(str(cpuinfo)) == "arm64"
 
 
 def table_after(heading: str, capsys) -> list[str]:
     out = capsys.readouterr().out
     assert "ratio" in out and heading in out and "BLAS: NumPy " in out.splitlines()[0]
+    assert out.splitlines()[0].endswith(f"; {processor_name()}")  # what the ratios depend on
     return [line for line in out.split(heading, 1)[1].splitlines()[2:] if line.strip()]
 
 
@@ -94,7 +109,9 @@ def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
 
     result = dict(engine_ms=1764.2, torch_ms=1866.0, ratio=0.94, ratio_middle_half=(0.9, 0.98))
     result |= dict(pairs=20, engine_tokens_per_s=25.8, torch_tokens_per_s=23.8, same_tokens=True)
+    result["processor"] = "AMD EPYC, 2 cores"
     first_line = gpt2.table(result).splitlines()[0]
+    assert first_line.startswith("gpt2 (124M, float32, batch 4 x 64; AMD EPYC, 2 cores): ")
     assert first_line.endswith(
         "engine 1764 ms, transformers 1866 ms a training step, ratio 0.94 "
         "(the middle half of its 20 pairs 0.90-0.98)"
