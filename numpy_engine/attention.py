@@ -26,7 +26,7 @@ from numpy_engine.layers import (
     stacked,
     unstacked,
 )
-from numpy_engine.reductions import dot_last, sum_last
+from numpy_engine.reductions import dot_last, mean_second_last, sum_last
 
 # ------------------------------------------------------------------------------ masks
 
@@ -257,10 +257,18 @@ def _group_backward(dy, q, k, v, weights, out: tuple | None = None) -> tuple:
     s_dweights = dy @ scaled_transpose(v)  # (n, H, Tq, Tk)
     dv = np.matmul(weights.swapaxes(-1, -2), dy, out=dv)  # (n, H, Tk, hs)
     s_dscores = softmax_backward(s_dweights, weights)  # forward was weights = softmax(scores)
-    # forward was scores = s q @ k^T
-    dq = np.matmul(s_dscores, k, out=dq)  # (n, H, Tq, hs)
+    # forward was scores = s q @ k^T; each row of dscores sums to zero, so dq is the same from
+    # the keys less any vector they share: from their mean, nothing of it cancels in float32
+    dq = np.matmul(s_dscores, centered_keys(k), out=dq)  # (n, H, Tq, hs)
     dk = np.matmul(s_dscores.swapaxes(-1, -2), q, out=dk)  # (n, H, Tk, hs)
     return dq, dk, dv
+
+
+def centered_keys(k: np.ndarray) -> np.ndarray:
+    """k (..., Tk, hs) less its mean over the keys, for dq_i = sum_j ds_ij k_j: the row's
+    ds sums to zero, so the sum cancels whatever the keys share (a key bias, a layernorm's
+    shift), and in float32 keeps that part's rounding (docs/gradients.md#attention)."""
+    return k - mean_second_last(k)  # (..., Tk, hs) less (..., 1, hs)
 
 
 # ----------------------------------------------------------------- multi-head attention

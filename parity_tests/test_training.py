@@ -54,7 +54,9 @@ def test_copy_history_has_every_step_and_evaluations(copy_run):
     assert history["step"] == list(range(1, 801)) and len(history["train_loss"]) == 800
     norms = np.array(history["grad_norm"])  # each step's gradient norm, before clipping
     assert norms.shape == (800,) and np.isfinite(norms).all() and norms.min() > 0
-    assert norms[:10].mean() > 10 * norms[-10:].mean()  # the gradient shrinks as it learns
+    # the gradient shrinks as it learns; medians, as constant-rate Adam still spikes late (the
+    # 2026-12-02 code's last ten norms: median 0.043 and one of 1.19, against 1.17 at first)
+    assert np.median(norms[:10]) > 10 * np.median(norms[-10:])
     assert [e["step"] for e in history["eval"]] == list(range(100, 801, 100))
     assert history["eval"][-1]["exact_match"] == copy_run.result["exact_match"]
 
