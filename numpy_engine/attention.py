@@ -364,23 +364,23 @@ def self_attention_backward(dout: np.ndarray, cache: SelfAttentionCache) -> tupl
     # dv are written side by side, (B, T, 3C), as the stacked projection's output was
     dqkv, heads = heads_buffer(dout.shape[:-1], dout.shape[-1], cache.n_heads, 3, dy.dtype)
     attention_backward(split_heads(dy, cache.n_heads), cache.attention, out=heads)
-    # x fed the queries, keys and values: the stacked matmul adds the three paths
-    dx, qkv_grads = linear_backward(dqkv, cache.qkv_proj)
-    # forward was k = x W_k^T + b_k, read only by the scores q k^T, whose rows ignore b_k
-    zero_key_bias_gradient(qkv_grads["bias"], QKV)
+    # x fed the queries, keys and values: the stacked matmul adds the three paths. dk sums
+    # to zero over the keys (key_part), and so over the projection's rows
+    dx, qkv_grads = linear_backward(dqkv, cache.qkv_proj, key_part(QKV, dout.shape[-1]))
     grads = unstacked(qkv_grads, QKV) | with_prefix(out_grads, "out_proj.")
     return dx, grads | input_affine_grads(qkv_grads)
 
 
-def zero_key_bias_gradient(stacked_bias_grad: np.ndarray, names: tuple[str, ...]) -> None:
-    """Set the key projection's part of a stacked projection's bias gradient (its parts
-    named by names) to its exact value, 0. The bias adds one vector c to every key, so
-    q_i . c to every score of row i, and softmax ignores a shift of a whole row: the loss
-    does not depend on it. Its gradient, dk summed over the keys, cancels to 0, and
-    computed that way it is the sum's rounding noise (docs/gradients.md#multi-head-attention)."""
-    C = len(stacked_bias_grad) // len(names)
+def key_part(names: tuple[str, ...], C: int) -> slice:
+    """The key projection's outputs in a stacked projection (its parts named by names, C each),
+    whose gradient sums to exactly zero over the keys: a vector c added to every key adds
+    q_i . c to every score of row i, and softmax ignores a shift of a whole row, so the
+    loss does not change along it. Hence b_k's gradient (dk summed over the keys) is 0, and
+    linear_backward returns it as that 0, not as the rounding noise of the sum, and keeps
+    the key weight's gradient clear of what the keys' inputs share
+    (docs/gradients.md#multi-head-attention)."""
     part = names.index("k_proj")
-    stacked_bias_grad[part * C : (part + 1) * C] = 0.0
+    return slice(part * C, (part + 1) * C)
 
 
 class CrossAttentionCache(NamedTuple):
@@ -433,9 +433,9 @@ def cross_attention_backward(dout: np.ndarray, cache: CrossAttentionCache) -> tu
     dkv, (dk_heads, dv_heads) = heads_buffer((B, Tk), C, H, 2, dy.dtype)  # (B, Tk, 2C)
     attention_backward(split_heads(dy, H), cache.attention, out=(dq_heads, dk_heads, dv_heads))
     dx, q_grads = linear_backward(dq, cache.q_proj)  # forward was q = q_proj(x)
-    # memory fed the keys and the values: the stacked matmul adds the two paths
-    dmemory, kv_grads = linear_backward(dkv, cache.kv_proj)
-    zero_key_bias_gradient(kv_grads["bias"], KV)  # the same b_k, over memory's keys
+    # memory fed the keys and the values: the stacked matmul adds the two paths; dk sums to
+    # zero over memory's keys, as in self-attention
+    dmemory, kv_grads = linear_backward(dkv, cache.kv_proj, key_part(KV, C))
     affine_grads = input_affine_grads(q_grads)
     grads = with_prefix(q_grads, "q_proj.") | unstacked(kv_grads, KV)
     return dx, dmemory, grads | with_prefix(out_grads, "out_proj.") | affine_grads

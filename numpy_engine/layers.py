@@ -19,7 +19,7 @@ import numpy as np
 from numpy_engine.blocking import as_rows, in_row_blocks
 from numpy_engine.checks import InputError, InputTypeError
 from numpy_engine.keys import with_prefix
-from numpy_engine.reductions import dot_last, mean_last, sum_leading
+from numpy_engine.reductions import dot_last, mean_last, mean_leading, sum_leading
 
 # ----------------------------------------------------------------------------- linear
 
@@ -56,21 +56,38 @@ def linear_forward(
     return out, cache
 
 
-def linear_backward(dout: np.ndarray, cache: tuple) -> tuple:
+def linear_backward(dout: np.ndarray, cache: tuple, zero_sum: slice | None = None) -> tuple:
     """See docs/gradients.md#linear. Returns (dx, {"weight": dweight, "bias": dbias}), without
     "bias" when the forward had none; with "input_scale" and "input_shift" when it had an
-    affine."""
+    affine. zero_sum: outputs whose gradient sums to exactly zero over the rows (a key
+    projection's, under softmax): their bias gradient comes back as that 0, and the weight
+    gradient is taken from x less its mean row (_zero_sum_grads)."""
     if type(cache) is FoldedCache:
-        return _folded_backward(dout, cache)
+        return _folded_backward(dout, cache, zero_sum)
     x, weight, has_bias = cache
     dout2 = dout.reshape(-1, dout.shape[-1])  # (N, out)
     x2 = x.reshape(-1, x.shape[-1])  # (N, in)
     dx = (dout2 @ weight).reshape(x.shape)  # forward was x @ W.T, so dx = dout @ W
+    if zero_sum is not None:
+        return dx, _zero_sum_grads(dout2, x2, zero_sum, has_bias)
     dweight = dout2.T @ x2  # (out, in)
     if not has_bias:
         return dx, {"weight": dweight}
     dbias = sum_leading(dout2)  # the bias was broadcast over all N rows
     return dx, {"weight": dweight, "bias": dbias}
+
+
+def _zero_sum_grads(dout2, x2, zero_sum: slice, has_bias: bool) -> dict[str, np.ndarray]:
+    """dW = dout^T x = dout^T (x - c) + db c^T for any row c (db = sum of dout's rows). With c
+    the mean row of x, the outputs whose db is exactly 0 take their dW from x - c alone:
+    nothing of what x's rows share (a layernorm's shift) cancels in them, as it would in
+    float32 in dout^T x (docs/gradients.md#linear)."""
+    dbias = sum_leading(dout2)  # (out,)
+    dbias[zero_sum] = 0.0  # their exact value; summed, the rounding of dout's rows
+    mean = mean_leading(x2)  # (in,)
+    dweight = dout2.T @ (x2 - mean)  # (out, in)
+    dweight += np.multiply.outer(dbias, mean)
+    return {"weight": dweight, "bias": dbias} if has_bias else {"weight": dweight}
 
 
 def input_affine_grads(grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -96,10 +113,10 @@ def _folded_forward(x, weight, bias, affine) -> tuple:
     return out, FoldedCache(cache, weight, affine, bias is not None)
 
 
-def _folded_backward(dout: np.ndarray, cache: FoldedCache) -> tuple:
+def _folded_backward(dout: np.ndarray, cache: FoldedCache, zero_sum: slice | None) -> tuple:
     """The folded product's gradients, then those of W, b, s and t (docs/gradients.md#linear):
     dW = dW' s + db t^T, db = db', ds = sum over out of W * dW', dt = W^T db'."""
-    dx, folded = linear_backward(dout, cache.linear)  # forward was out = x W'^T + b'
+    dx, folded = linear_backward(dout, cache.linear, zero_sum)  # forward was out = x W'^T + b'
     (scale, shift), weight = cache.affine, cache.weight
     # forward was W' = W diag(s), b' = b + W t: W fed both, b and t only b', s only W'
     dweight = folded["weight"] * scale

@@ -29,6 +29,12 @@ def sum_leading(x: np.ndarray) -> np.ndarray:
     return _filled(x2.shape[0], x2.dtype) @ x2  # ones (N,)
 
 
+def mean_leading(x: np.ndarray) -> np.ndarray:
+    """x (..., C) averaged over every axis but the last: (C,), the mean row."""
+    x2 = x.reshape(-1, x.shape[-1])  # (N, C)
+    return _filled(x2.shape[0], x2.dtype, 1.0 / x2.shape[0]) @ x2  # 1/N (N,)
+
+
 def sum_last(x: np.ndarray) -> np.ndarray:
     """x (..., C) summed over the last axis, keeping it: (..., 1).
 
