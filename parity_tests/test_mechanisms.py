@@ -15,6 +15,7 @@ import numpy_engine as ne
 import numpy_engine.models.minigpt
 import numpy_engine.models.seq2seq
 from numpy_engine import attention as A
+from numpy_engine import layers as L
 from parity_tests import layer_cases as cases
 from parity_tests.strategies import gpt_cases, randomize_params, randomized_model, seq2seq_cases
 
@@ -255,6 +256,40 @@ def test_a_padding_mask_builds_no_causal_mask_of_its_length():
     A.causal_visible.cache_clear()
     A.attention_forward(q, k, v, np.ones((2, 1, 1, 3), dtype=bool))
     assert A.causal_visible.cache_info().currsize == 0
+
+
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_zero_sum_outputs_take_their_weight_gradient_from_the_centered_inputs(has_bias):
+    """linear_backward(zero_sum=): for outputs whose gradient sums to zero over the rows (a key
+    projection's), dW = dout^T x is taken as dout^T (x - mean row) + db (mean row)^T. float64:
+    the same gradients as without it, the zero-sum outputs' db exactly 0, no db without a
+    bias. float32, rows sharing a part 1000x their spread: those outputs' dW within 64 u
+    (64 rows summed) of the exact value, where dout^T x is 100x further off."""
+    rng = np.random.default_rng(0)
+    N, n_in, n_out, zero_sum = 64, 8, 6, slice(2, 4)
+    x = 1000 * rng.standard_normal(n_in) + rng.standard_normal((N, n_in))
+    dout = rng.standard_normal((N, n_out))
+    dout[:, zero_sum] -= dout[:, zero_sum].mean(axis=0)  # these columns sum to zero
+    weight = rng.standard_normal((n_out, n_in))
+    cache = (x, weight, has_bias)
+    dx, plain = L.linear_backward(dout, cache)
+    dx_zero_sum, grads = L.linear_backward(dout, cache, zero_sum)
+    assert np.array_equal(dx_zero_sum, dx) and grads.keys() == plain.keys()
+    np.testing.assert_allclose(grads["weight"], plain["weight"], rtol=1e-12, atol=1e-9)
+    if has_bias:
+        assert np.all(grads["bias"][zero_sum] == 0.0) and np.all(plain["bias"][zero_sum] != 0)
+        np.testing.assert_array_equal(grads["bias"][4:], plain["bias"][4:])
+    x32, dout32 = x.astype(np.float32), dout.astype(np.float32)
+    x64 = x32.astype(np.float64)  # exact: the float32 inputs, their columns' zero sum assumed
+    exact = (dout32.astype(np.float64).T @ (x64 - x64.mean(axis=0)))[zero_sum]
+    cache32 = (x32, weight.astype(np.float32), has_bias)
+
+    def error(grads):
+        return np.linalg.norm(grads["weight"][zero_sum] - exact) / np.linalg.norm(exact)
+
+    u = np.finfo(np.float32).eps / 2
+    assert error(L.linear_backward(dout32, cache32, zero_sum)[1]) < N * u
+    assert error(L.linear_backward(dout32, cache32)[1]) > 10 * N * u  # what it avoids
 
 
 @pytest.mark.parametrize("kind", ["causal self", "padded self", "cross"])

@@ -13,7 +13,14 @@ from numpy_engine import attention as A
 from numpy_engine.memory import CACHE_LINE, aligned_empty, aligned_zeros, keep_freed_memory
 from numpy_engine.models import MiniGPT
 from numpy_engine.optim import AdamW
-from numpy_engine.reductions import dot_last, mean_last, sum_last, sum_leading
+from numpy_engine.reductions import (
+    dot_last,
+    mean_last,
+    mean_leading,
+    mean_second_last,
+    sum_last,
+    sum_leading,
+)
 from parity_tests.strategies import seeds
 
 shapes = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple)
@@ -30,6 +37,10 @@ def test_reductions_equal_numpys_sums(shape, seed, transposed):
     np.testing.assert_allclose(sum_leading(a), a.sum(axis=lead), rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(sum_last(a), a.sum(axis=-1, keepdims=True), rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(mean_last(a), a.mean(axis=-1, keepdims=True), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(mean_leading(a), a.mean(axis=lead), rtol=1e-13, atol=1e-14)
+    if a.ndim >= 2:
+        expected = a.mean(axis=-2, keepdims=True)
+        np.testing.assert_allclose(mean_second_last(a), expected, rtol=1e-13, atol=1e-14)
     expected_dot = (a * b).sum(axis=-1, keepdims=True)
     np.testing.assert_allclose(dot_last(a, b), expected_dot, rtol=1e-13, atol=1e-14)
     assert sum_leading(a.astype(np.float32)).dtype == np.float32  # no silent upcast
