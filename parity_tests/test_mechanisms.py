@@ -263,11 +263,12 @@ def test_zero_sum_outputs_take_their_weight_gradient_from_the_centered_inputs(ha
     """linear_backward(zero_sum=): for outputs whose gradient sums to zero over the rows (a key
     projection's), dW = dout^T x is taken as dout^T (x - mean row) + db (mean row)^T. float64:
     the same gradients as without it, the zero-sum outputs' db exactly 0, no db without a
-    bias. float32, rows sharing a part 1000x their spread: those outputs' dW within 64 u
-    (64 rows summed) of the exact value, where dout^T x is 100x further off."""
+    bias. float32, rows sharing a part 10,000x their spread: those outputs' dW within 64 u
+    (64 rows summed) of the exact value (measured: ~2 u), where dout^T x is past 640 u
+    (measured: ~9,000 u)."""
     rng = np.random.default_rng(0)
     N, n_in, n_out, zero_sum = 64, 8, 6, slice(2, 4)
-    x = 1000 * rng.standard_normal(n_in) + rng.standard_normal((N, n_in))
+    x = 10_000 * rng.standard_normal(n_in) + rng.standard_normal((N, n_in))
     dout = rng.standard_normal((N, n_out))
     dout[:, zero_sum] -= dout[:, zero_sum].mean(axis=0)  # these columns sum to zero
     weight = rng.standard_normal((n_out, n_in))
@@ -277,7 +278,7 @@ def test_zero_sum_outputs_take_their_weight_gradient_from_the_centered_inputs(ha
     assert np.array_equal(dx_zero_sum, dx) and grads.keys() == plain.keys()
     np.testing.assert_allclose(grads["weight"], plain["weight"], rtol=1e-12, atol=1e-9)
     if has_bias:
-        assert np.all(grads["bias"][zero_sum] == 0.0) and np.all(plain["bias"][zero_sum] != 0)
+        assert np.all(grads["bias"][zero_sum] == 0.0)  # exact; plain's is rounding noise
         np.testing.assert_array_equal(grads["bias"][4:], plain["bias"][4:])
     x32, dout32 = x.astype(np.float32), dout.astype(np.float32)
     x64 = x32.astype(np.float64)  # exact: the float32 inputs, their columns' zero sum assumed
