@@ -98,12 +98,27 @@ def plot_history(history: dict, out) -> Path:
     return _save(figure, out)
 
 
+ZERO_NORM_AT = 1e-20  # where a norm of exactly 0 is drawn: a log scale has no 0
+
+
 def plot_grad_norms(norms: dict[str, float], out, title: str) -> Path:
-    """A horizontal bar per parameter: the norm of its gradient (log scale)."""
+    """A horizontal bar per parameter: the norm of its gradient (log scale). A gradient that
+    is exactly 0 (an attention key bias's, a parameter the batch never reached) is labelled
+    so: its bar at ZERO_NORM_AT alone would read as a tiny number."""
     names = list(norms)
     figure = _figure(7, 0.18 * len(names) + 1.2)
     ax = figure.subplots()
-    ax.barh(range(len(names)), [max(norms[n], 1e-20) for n in names])
+    ax.barh(range(len(names)), [max(norms[n], ZERO_NORM_AT) for n in names])
+    for row, name in enumerate(names):
+        if norms[name] == 0:
+            ax.annotate(
+                "exactly 0",
+                (ZERO_NORM_AT, row),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=6,
+            )
     ax.set_yticks(range(len(names)), names, fontsize=6)
     ax.invert_yaxis()
     ax.set_xscale("log")

@@ -101,13 +101,15 @@ def test_a_run_without_evaluations_draws_its_training_loss_alone(drawn):
 
 def test_gradient_bars_read_top_down_in_the_parameters_order_on_a_log_scale(drawn):
     """A gradient of norm 0 (a parameter the batch never reached) still gets a bar on the
-    log scale, at 1e-20."""
-    norms = {"tok_embed.weight": 0.5, "blocks.0.ln1.bias": 0.0, "head.bias": 2.0}
+    log scale, at 1e-20, labelled "exactly 0"; a tiny norm that is not 0 is not labelled."""
+    norms = {"tok_embed.weight": 0.5, "blocks.0.ln1.bias": 0.0, "head.bias": 2.0, "b": 1e-30}
     figure = drawn(plots.plot_grad_norms, norms, title="the title")
     (ax,) = figure.axes
     assert labels(ax.get_yticklabels()) == list(norms)
-    assert [bar.get_width() for bar in ax.patches] == [0.5, 1e-20, 2.0]
-    assert [bar.get_y() + bar.get_height() / 2 for bar in ax.patches] == [0, 1, 2]
+    assert [bar.get_width() for bar in ax.patches] == [0.5, 1e-20, 2.0, 1e-20]
+    (zero,) = ax.texts
+    assert zero.get_text() == "exactly 0" and zero.xy == (1e-20, 1)
+    assert [bar.get_y() + bar.get_height() / 2 for bar in ax.patches] == [0, 1, 2, 3]
     assert ax.yaxis_inverted() and ax.get_xscale() == "log"
     assert ax.get_title() == "the title" and ax.get_xlabel() == "gradient norm (log scale)"
 
