@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()
     torch.set_num_threads(1)
     with threadpool_limits(1):
+        # the parts' sizes depend on the processor as much as on the code (docs/performance.md)
+        print(f"one thread; {workloads.processor_name()}", flush=True)
         for name in args.configs or default:
             print(report(name, steps=STEPS.get(name, 50)), flush=True)
 

@@ -263,6 +263,23 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
     assert W._torch_part("autograd::engine::evaluate_function: MmBackward0") == "autograd"
 
 
+def test_where_time_goes_names_the_processor_before_its_reports(monkeypatch, capsys):
+    import torch
+
+    from benchmarks import where_time_goes as W
+    from benchmarks import workloads
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the worker's stays as it is
+    monkeypatch.setattr(W, "report", lambda name, steps: f"report of {name}, {steps} steps")
+    monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
+    W.main(["copy", "large"])
+    assert capsys.readouterr().out.splitlines() == [
+        "one thread; Some CPU, 2 cores",
+        "report of copy, 50 steps",
+        "report of large, 4 steps",
+    ]
+
+
 def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
     """benchmarks/ab.py: the revision's packages come out renamed, with no import left that
     would load the working tree's code instead; a run prints both sides; a bad revision is
