@@ -1,4 +1,5 @@
-"""Optimizers with PyTorch's exact update rules, and global-norm gradient clipping.
+"""Optimizers with PyTorch's exact update rules, and global-norm gradient clipping
+(derived in docs/gradients.md#from-the-gradient-to-the-update-clipping-adam-adamw).
 
 A model keeps all its parameters in one vector, model.flat, with model.params its named
 views; an optimizer updates that vector block by block, each block while it is in cache:
