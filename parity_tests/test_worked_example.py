@@ -3,9 +3,10 @@
 so each quoted number must be what the code computes now: a change to the model or to a
 backward that moves one makes this test fail until the page is redrawn.
 
-Only numbers that do not depend on the machine's BLAS are checked: float64 values to the
-4-6 digits quoted (the finite-difference errors the page also quotes vary in their
-second digit between processors)."""
+Only values are checked, to the 4-6 digits quoted: each lies at least 1e-7 (relative) from
+where its last quoted digit would round the other way, against float64's 1e-16, so no
+machine's order of additions moves one. Not the finite-difference errors the page also
+quotes: those are roundings of differences of the loss, which that order does move."""
 
 from __future__ import annotations
 
