@@ -38,9 +38,10 @@ def test_the_worked_example_quotes_what_the_code_computes():
     loss, grads = model.loss_and_grads(source, decoder_input, target)
     logits, _ = model.forward(source, decoder_input)
     z = logits[0, 0]
-    softmax = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    e = np.exp(z - z.max())
+    softmax = e / e.sum()
     counted = int((target != model.config.pad_id).sum())
-    dz = softmax - np.eye(len(z))[target[0, 0]]
+    dz = (softmax - np.eye(len(z))[target[0, 0]]) / counted  # (softmax - onehot) / M
     norm = {key: float(np.linalg.norm(g)) for key, g in grads.items()}
     embed_rows = np.linalg.norm(grads["embed.weight"], axis=1)
     quoted = [
@@ -48,7 +49,7 @@ def test_the_worked_example_quotes_what_the_code_computes():
         f"loss is **{loss:.6f}**",
         row(softmax),
         f"`dz = (softmax - onehot({target[0, 0]})) / {counted}`",
-        row(dz / counted),
+        row(dz),
         f"its norm, **{norm['readout.bias']:.3e}**",
         f"`readout.weight` has the largest gradient of the model, {norm['readout.weight']:.3f}",
         f"row 1 (BOS, used only by the decoder) gets norm {embed_rows[1]:.4f}",
@@ -60,4 +61,4 @@ def test_the_worked_example_quotes_what_the_code_computes():
     assert "`encoder.0.attn.k_proj.bias` has norm **0**" in text
     key_biases = [key for key in norm if key.endswith("k_proj.bias")]
     assert len(key_biases) == 3 and all(norm[key] == 0.0 for key in key_biases)
-    assert [row for row, n in enumerate(embed_rows) if n == 0.0] == [0, 2, 4, 6, 9]
+    assert [i for i, n in enumerate(embed_rows) if n == 0.0] == [0, 2, 4, 6, 9]
