@@ -18,7 +18,7 @@ from numpy_engine import attention as A
 from numpy_engine import blocks, losses
 from numpy_engine import layers as L
 from numpy_engine import params as P
-from parity_tests.helpers import LayerCase, params_of, random_visible
+from parity_tests.helpers import LayerCase, params_of, random_visible, relu_region
 
 
 def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -50,6 +50,12 @@ def gradients(backward, *input_names: str):
         return {name: g for name, g in named_inputs if g is not None} | param_grads
 
     return run
+
+
+def region_of(kind: str, relu_pattern=relu_region):
+    """The region of a case's cache for finite differences: which ReLU inputs are positive
+    (stepping across a kink measures the jump, not the slope); GELU is smooth: None."""
+    return relu_pattern if kind == "relu" else None
 
 
 def as_torch(visible: np.ndarray | None) -> torch.Tensor | None:
@@ -146,6 +152,7 @@ def activation(rng, kind, B, T, C, mean=0.0) -> LayerCase:
         lambda i: act_forward(i["x"]),
         lambda dout, cache: {"x": act_backward(dout, cache)},
         lambda t: TORCH_ACTIVATIONS[kind](t["x"]),
+        region_of(kind, lambda out: (out > 0).tobytes()),  # ReLU's cache is its output
     )
 
 
@@ -159,6 +166,7 @@ def feed_forward(rng, kind, B, T, C, F_) -> LayerCase:
         lambda i: L.ffn_forward(i["x"], params_of(i, "x"), kind),
         gradients(L.ffn_backward, "x"),
         torch_forward,
+        region_of(kind),
     )
 
 
@@ -277,9 +285,8 @@ def self_attention_block(rng, B, H, hs, T, F_, kind, causal) -> LayerCase:
 
     name = "decoder-only block" if causal else "encoder block"
     inputs = {"x": normal(rng, B, T, C), **randomized(P.self_block_params(np.zeros, C, F_), rng)}
-    return LayerCase(
-        name, inputs, forward, gradients(blocks.self_attention_block_backward, "x"), torch_forward
-    )
+    backward = gradients(blocks.self_attention_block_backward, "x")
+    return LayerCase(name, inputs, forward, backward, torch_forward, region_of(kind))
 
 
 def decoder_block(rng, B, H, hs, T, S, F_, kind) -> LayerCase:
@@ -309,4 +316,5 @@ def decoder_block(rng, B, H, hs, T, S, F_, kind) -> LayerCase:
         forward,
         gradients(blocks.decoder_block_backward, "y", "memory"),
         torch_forward,
+        region_of(kind),
     )

@@ -19,6 +19,9 @@ from numpy_engine.gradcheck import (
     sample_indices,
 )
 from numpy_engine.study import example_batch, gradient_study
+from parity_tests import helpers
+from parity_tests import layer_cases as cases
+from parity_tests.helpers import assert_matches_finite_differences
 
 EPS = np.finfo(np.float64).eps
 
@@ -201,6 +204,38 @@ def test_f_terms_raise_the_noise_for_a_gradient_that_is_truly_zero():
     assert check_directions(flat, x, np.zeros(1), [0], f_terms=1e8).error <= 1e-6
     tiny = check_directions(flat, x, np.array([1e-12]), [0], noise=0.0)
     assert tiny.error == 1.0  # the estimate is 0, the analytic value is not
+
+
+def test_the_layer_witness_fails_a_gradient_wrong_in_one_entry_of_64(monkeypatch):
+    """Each tensor is checked along random directions, so every entry weighs in: an error
+    in one entry of a (8, 8) weight, which 12 sampled entries would miss 4 times in 5."""
+    rng = np.random.default_rng(0)
+    case = cases.linear(rng, 2, 3, 8, 8)
+
+    def wrong_in_one_entry(dout, cache):
+        grads = case.backward(dout, cache)
+        grads["weight"][5, 3] *= 1.01
+        return grads
+
+    assert_matches_finite_differences(case.name, case.forward, case.backward, case.inputs, rng)
+    monkeypatch.setattr(helpers, "record", lambda name, error: None)  # not a worst error
+    with pytest.raises(AssertionError, match="dweight differs from finite differences"):
+        assert_matches_finite_differences(
+            case.name, case.forward, wrong_in_one_entry, case.inputs, rng
+        )
+
+
+def test_the_layer_witness_steps_around_relus_kink_only_with_the_region(monkeypatch):
+    """An input 3e-7 from ReLU's kink: steps of 1e-5 and 1e-4 along a random direction cross
+    it and measure the jump; the region (which inputs are positive) shrinks the step."""
+    rng = np.random.default_rng(1)
+    case = cases.activation(rng, "relu", 2, 3, 4)
+    case.inputs["x"][0, 0, 0] = 3e-7
+    args = (case.name, case.forward, case.backward, case.inputs)
+    assert_matches_finite_differences(*args, rng, case.region)
+    monkeypatch.setattr(helpers, "record", lambda name, error: None)
+    with pytest.raises(AssertionError, match="dx differs from finite differences"):
+        assert_matches_finite_differences(*args, rng)
 
 
 def test_sample_indices_are_distinct_sorted_and_all_when_few():

@@ -11,11 +11,9 @@ import numpy as np
 from hypothesis import example, given
 
 import numpy_engine as ne
-from numpy_engine.gradcheck import check_directions, rounding_noise
-from numpy_engine.layers import FFNCache
 from numpy_engine.losses import cross_entropy_forward
 from numpy_engine.models import IGNORE_INDEX
-from parity_tests.helpers import FD_TOLERANCE, record
+from parity_tests.helpers import assert_gradients_match_fd, relu_region
 from parity_tests.strategies import (
     SMALLEST_GPT,
     SMALLEST_SEQ2SEQ,
@@ -26,40 +24,10 @@ from parity_tests.strategies import (
     seq2seq_cases,
 )
 
-DIRECTIONS_PER_TENSOR = 2
-
-
-def relu_region(cache) -> bytes:
-    """Which ReLU pre-activations in a forward cache are positive: the smooth piece of the
-    loss that the parameters are on. A step that changes it crosses a kink. (A walk with a
-    stack, not recursion: it runs on every probe, ~170 nested tuples a cache.)"""
-    positive, stack = [], [cache]
-    while stack:
-        part = stack.pop()
-        if isinstance(part, FFNCache):
-            if part.activation == "relu":
-                positive.append((part.act > 0).tobytes())
-        elif isinstance(part, tuple | list):
-            stack.extend(part)
-    return b"".join(positive)
-
 
 def region_of(config):
     """relu_region for a model with ReLUs; a GELU model is smooth: no region (None)."""
     return relu_region if config.activation == "relu" else lambda cache: None
-
-
-def assert_loss_gradients_match_fd(name, model, probe, grads, rng):
-    """probe() -> (loss, region); every tensor of grads along random directions."""
-    largest = max(grads, key=lambda key: np.linalg.norm(grads[key]))
-    noise = rounding_noise(probe, model.params[largest], rng.standard_normal(grads[largest].shape))
-    for key, param in model.params.items():
-        directions = [rng.standard_normal(param.shape) for _ in range(DIRECTIONS_PER_TENSOR)]
-        check = check_directions(probe, param, grads[key], directions, FD_TOLERANCE, noise=noise)
-        record(name, check.error)
-        assert check.error < FD_TOLERANCE, (
-            f"{name}: d{key} relative error {check.error:.3e} vs finite differences"
-        )
 
 
 # Taught us that a loss can round at ~400x eps * |loss|: at h = 1e-5 the finite
@@ -107,7 +75,7 @@ def test_seq2seq_loss_gradients(case):
         loss, _ = cross_entropy_forward(logits, case.target, case.config.pad_id)
         return float(loss), region(cache)
 
-    assert_loss_gradients_match_fd("Seq2SeqTransformer loss", model, probe, grads, rng)
+    assert_gradients_match_fd("Seq2SeqTransformer loss", probe, model.params, grads, rng)
 
 
 @given(case=gpt_cases())
@@ -124,4 +92,4 @@ def test_gpt_loss_gradients(case):
         loss, _ = cross_entropy_forward(logits, case.targets, IGNORE_INDEX)
         return float(loss), region(cache)
 
-    assert_loss_gradients_match_fd("MiniGPT loss", model, probe, grads, rng)
+    assert_gradients_match_fd("MiniGPT loss", probe, model.params, grads, rng)
