@@ -139,6 +139,16 @@ def test_softmax_backward_takes_a_single_dominant_entry_as_minus_the_others():
     rows = [0, 2]
     alone = A.softmax_backward(dweights[rows].copy(), weights[rows])
     np.testing.assert_array_equal(alone, textbook[rows])
+    # the row with two over 1/2 after a row with one, and a largest weight of exactly 1/2
+    # (not over it): both keep the textbook's values
+    rows = [1, 0, 3]
+    weights = np.concatenate([weights, [[0.5, 0.3, 0.2, 0.0]]]).astype(np.float32)
+    last = np.random.default_rng(1).standard_normal((1, 4)).astype(np.float32)
+    dweights = np.concatenate([dweights, last])
+    textbook = weights * (dweights - np.vecdot(dweights, weights)[:, None])
+    got = A.softmax_backward(dweights[rows].copy(), weights[rows])
+    np.testing.assert_array_equal(got[1:], textbook[rows[1:]])
+    assert textbook[3, 0] != -(textbook[3, 1] + textbook[3, 2] + textbook[3, 3])  # it can tell
 
 
 def test_available_bytes_reads_memavailable_in_kib(monkeypatch):
