@@ -87,7 +87,7 @@ def assert_gradients_match_fd(
     """Each tensor's gradient against central differences of probe, which reads the tensors
     (nudged in place), along DIRECTIONS_PER_TENSOR random directions: one difference weighs
     every entry at once, as PyTorch's gradcheck fast mode does. probe's rounding is measured
-    once, along the tensor it depends on most; f_terms as check_directions takes it."""
+    once, along the tensor with the largest gradient; f_terms as check_directions takes it."""
     assert grads.keys() == tensors.keys(), f"{name}: gradients for {sorted(grads)}"
     largest = max(grads, key=lambda key: np.linalg.norm(grads[key]))
     noise = rounding_noise(probe, tensors[largest], rng.standard_normal(grads[largest].shape))
