@@ -4,6 +4,10 @@ one, would make every test built on it say nothing."""
 
 from __future__ import annotations
 
+import inspect
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -278,3 +282,30 @@ def test_the_grads_command_prints_the_study_row_by_row(capsys):
         printed = [float(grad_norm), float(sampled), float(fd), float(error)]
         values = [row[k] for k in ("grad_norm", "sampled_norm", "fd_norm", "rel_error")]
         assert np.allclose(printed, values, rtol=0.06, atol=0), (printed, values)  # as rounded
+
+
+def test_the_docs_section_on_the_witness_quotes_its_settings():
+    """docs/gradients.md explains the witness with the numbers it runs with: the steps, the
+    smallest step, the noise's points and spacing, the headroom, the tolerance and the
+    directions a tensor; a change to one of them makes this fail until the page says it."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "gradients.md").read_text()
+    start = text.index("## Finite differences: the torch-free witness")
+    section = re.sub(r"\s+", " ", text[start : text.index("\n## ", start + 1)])
+    defaults = {
+        name: inspect.signature(f).parameters[arg].default
+        for name, f, arg in [
+            ("steps", check_directions, "steps"),
+            ("smallest", directional_derivative, "smallest_h"),
+            ("delta", rounding_noise, "delta"),
+            ("headroom", noise_floor, "headroom"),
+            ("tolerance", check_directions, "tolerance"),
+        ]
+    }
+    assert defaults["steps"] == (1e-5, 1e-4)
+    assert "tries `h = 1e-5`, then `1e-4`" in section
+    assert defaults["smallest"] == 1e-8 and "down to `1e-8`" in section
+    assert defaults["delta"] == 1e-6 and "at 9 points `1e-6` apart" in section
+    assert defaults["headroom"] == 3e7 and "headroom of 3e7" in section
+    assert defaults["tolerance"] == helpers.FD_TOLERANCE == 1e-6
+    assert "(relative error below 1e-6)" in section
+    assert helpers.DIRECTIONS_PER_TENSOR == 2 and "its own two directions" in section
