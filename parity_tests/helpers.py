@@ -55,7 +55,7 @@ def assert_matches_finite_differences(
     backward: Callable[[np.ndarray, object], dict],
     inputs: dict[str, np.ndarray],
     rng: np.random.Generator,
-    region: Callable[[object], bytes] | None = None,
+    region: Callable[[object], bytes | None] = lambda cache: None,
 ) -> None:
     """forward(inputs) -> (out, cache); backward(dout, cache) -> {input name: gradient}.
 
@@ -70,7 +70,7 @@ def assert_matches_finite_differences(
     def probe():
         out, cache = forward(inputs)
         value = float(np.sum(out * dout))
-        return value if region is None else (value, region(cache))
+        return value, region(cache)
 
     f_terms = float(np.sum(np.abs(out * dout)))  # f rounds with its terms
     assert_gradients_match_fd(name, probe, inputs, analytic, rng, f_terms)
@@ -101,6 +101,14 @@ def assert_gradients_match_fd(
         assert check.error < FD_TOLERANCE, (
             f"{name}: d{key} differs from finite differences, relative error {check.error:.3e}"
         )
+
+
+def region_of(activation: str, relu_pattern: Callable[[object], bytes] | None = None):
+    """What a probe reports as its region, from a forward's cache: for ReLUs, which inputs
+    are positive (relu_pattern, by default relu_region); GELU is smooth: no region (None)."""
+    if activation == "relu":
+        return relu_pattern or relu_region
+    return lambda cache: None
 
 
 def relu_region(cache) -> bytes:
@@ -145,7 +153,7 @@ class LayerCase(NamedTuple):
     forward: Callable[[dict], tuple]  # engine: inputs -> (out, cache)
     backward: Callable[[np.ndarray, object], dict]  # engine: (dout, cache) -> {name: grad}
     torch_forward: Callable[[dict], torch.Tensor]  # torch: {name: tensor} -> out
-    region: Callable[[object], bytes] | None = None  # ReLU's smooth piece, from the cache
+    region: Callable[[object], bytes | None] = lambda cache: None  # ReLU's smooth piece
 
 
 def check_layer(case: LayerCase, rng: np.random.Generator, float32: bool = True) -> None:

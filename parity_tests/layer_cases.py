@@ -18,7 +18,7 @@ from numpy_engine import attention as A
 from numpy_engine import blocks, losses
 from numpy_engine import layers as L
 from numpy_engine import params as P
-from parity_tests.helpers import LayerCase, params_of, random_visible, relu_region
+from parity_tests.helpers import LayerCase, params_of, random_visible, region_of
 
 
 def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -50,12 +50,6 @@ def gradients(backward, *input_names: str):
         return {name: g for name, g in named_inputs if g is not None} | param_grads
 
     return run
-
-
-def region_of(kind: str, relu_pattern=relu_region):
-    """The region of a case's cache for finite differences: which ReLU inputs are positive
-    (stepping across a kink measures the jump, not the slope); GELU is smooth: None."""
-    return relu_pattern if kind == "relu" else None
 
 
 def as_torch(visible: np.ndarray | None) -> torch.Tensor | None:

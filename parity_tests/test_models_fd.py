@@ -13,7 +13,7 @@ from hypothesis import example, given
 import numpy_engine as ne
 from numpy_engine.losses import cross_entropy_forward
 from numpy_engine.models import IGNORE_INDEX
-from parity_tests.helpers import assert_gradients_match_fd, relu_region
+from parity_tests.helpers import assert_gradients_match_fd, region_of
 from parity_tests.strategies import (
     SMALLEST_GPT,
     SMALLEST_SEQ2SEQ,
@@ -23,12 +23,6 @@ from parity_tests.strategies import (
     randomized_model,
     seq2seq_cases,
 )
-
-
-def region_of(config):
-    """relu_region for a model with ReLUs; a GELU model is smooth: no region (None)."""
-    return relu_region if config.activation == "relu" else lambda cache: None
-
 
 # Taught us that a loss can round at ~400x eps * |loss|: at h = 1e-5 the finite
 # difference was off by 8e-9; see check_directions' second step.
@@ -68,7 +62,7 @@ def test_seq2seq_loss_gradients(case):
     model, rng = randomized_model(case)
     _, grads = model.loss_and_grads(*case.batch)
     assert grads.keys() == model.params.keys()
-    region = region_of(case.config)
+    region = region_of(case.config.activation)
 
     def probe():
         logits, cache = model.forward(case.source, case.decoder_input)
@@ -85,7 +79,7 @@ def test_gpt_loss_gradients(case):
     model, rng = randomized_model(case)
     _, grads = model.loss_and_grads(*case.batch)
     assert grads.keys() == model.params.keys()
-    region = region_of(case.config)
+    region = region_of(case.config.activation)
 
     def probe():
         logits, cache = model.forward(case.idx)
