@@ -69,8 +69,7 @@ def assert_matches_finite_differences(
 
     def probe():
         out, cache = forward(inputs)
-        value = float(np.sum(out * dout))
-        return value, region(cache)
+        return float(np.sum(out * dout)), region(cache)
 
     f_terms = float(np.sum(np.abs(out * dout)))  # f rounds with its terms
     assert_gradients_match_fd(name, probe, inputs, analytic, rng, f_terms)
