@@ -143,15 +143,19 @@ def run_grads(args: argparse.Namespace) -> int:
         check_matplotlib()  # fail before the work, not after
     loss, rows = gradient_study(args.model, args.seed, args.entries)
     print(f"{args.model}, seed {args.seed}: loss {loss:.6f} on one padded batch (float64)")
+    # columns as wide as their longest entry, so GPT-2's long names and shapes stay aligned
+    name_width = max(len("parameter"), *(len(r["name"]) for r in rows))
+    shape_width = max(len("shape"), *(len(str(r["shape"])) for r in rows))
     header = (
-        f"{'parameter':<34} {'shape':<10} {'|grad|':>10}   {'sampled entries: |grad|':>23}"
-        f" {'|finite diff|':>13} {'rel. error':>10}"
+        f"{'parameter':<{name_width}} {'shape':<{shape_width}} {'|grad|':>10}"
+        f"   {'sampled entries: |grad|':>23} {'|finite diff|':>13} {'rel. error':>10}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         sampled = f"{r['sampled_norm']:>23.6e} {r['fd_norm']:>13.6e} {r['rel_error']:>10.1e}"
-        print(f"{r['name']:<34} {str(r['shape']):<10} {r['grad_norm']:>10.3e}   {sampled}")
+        name, shape = f"{r['name']:<{name_width}}", f"{str(r['shape']):<{shape_width}}"
+        print(f"{name} {shape} {r['grad_norm']:>10.3e}   {sampled}")
     if args.plot:
         from numpy_engine.plots import plot_grad_norms
 

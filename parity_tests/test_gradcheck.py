@@ -276,6 +276,7 @@ def test_the_grads_command_prints_the_study_row_by_row(capsys):
     title, header, rule, *table = capsys.readouterr().out.splitlines()
     assert title == f"seq2seq, seed 1: loss {loss:.6f} on one padded batch (float64)"
     assert header.split()[:2] == ["parameter", "shape"] and rule == "-" * len(header)
+    assert {len(line) for line in table} == {len(header)}  # every column aligned, long names too
     for line, row in zip(table, rows, strict=True):
         name, *shape, grad_norm, sampled, fd, error = line.split()
         assert (name, " ".join(shape)) == (row["name"], str(row["shape"]))
