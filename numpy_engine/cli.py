@@ -25,6 +25,7 @@ from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
     add_source_or_prompt,
+    fraction,
     non_negative_int,
     parse_command,
     positive_float,
@@ -52,8 +53,16 @@ RUN_FLAGS = {
     "lr": (positive_float, "learning rate, of Adam for copy/reverse and AdamW for char-lm/lm"),
     "batch_size": (positive_int, "sequences per step"),
     "clip": (positive_float, "clip the global gradient norm to this"),
-    "eval_every": (positive_int, "copy/reverse: evaluate on the held-out split every N steps"),
+    "eval_every": (
+        positive_int,
+        "evaluate on the held-out split every N steps (char-lm, lm: with --holdout)",
+    ),
     "context": (positive_int, "char-lm, lm: tokens per training window"),
+    "holdout": (
+        fraction,
+        "char-lm, lm: hold out this fraction of the text's tokens, at its end (e.g. 0.1): "
+        "never trained on, their mean loss shown every --eval-every steps and in the result",
+    ),
     "init": (
         str,
         "lm: the checkpoint to fine-tune (e.g. written by import-hf); its tokenizer reads --text",
@@ -299,6 +308,11 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     reference = REFERENCE_RUNS[args.task]
     for name in given.keys() - {f.name for f in dataclasses.fields(reference)}:
         raise InputError(f"{_flag(name)} does not apply to {args.task}")
+    if "eval_every" in given and hasattr(reference, "holdout") and "holdout" not in given:
+        raise InputError(
+            f"--eval-every needs --holdout FRACTION for {args.task}: a language model is "
+            "evaluated on a held-out part of its text, and holds none out unless asked"
+        )
     if args.out:
         hint = f"continue it with --resume {args.out}, or give another --out"
         refuse_an_existing_checkpoint("--out", args.out, hint)

@@ -56,6 +56,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (a share of something: the text held out)."""
+    value = float(text)
+    if not 0 < value < 1:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1, got {text}")
+    return value
+
+
 # what matplotlib writes, with Pillow (a dependency of its): pgf, raw and avif left out (they
 # need LaTeX, are no picture, or a Pillow built with AVIF)
 PICTURE_FORMATS = "png svg svgz pdf eps ps jpg jpeg tif tiff webp gif".split()

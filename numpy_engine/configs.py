@@ -35,6 +35,8 @@ class CharTrainConfig:
     model: str = "gpt"  # the kind of model trained: any registered kind that continues a prompt
     task: str = "char-lm"  # the name it is registered under in REFERENCE_RUNS
     init: str | None = None  # a checkpoint to start from (its weights and tokenizer)
+    holdout: float = 0.0  # the text's last fraction of tokens, evaluated on, never trained on
+    eval_every: int = 100  # with a holdout: its loss every N steps (and at the last)
 
     def optimizer(self, params: dict) -> Optimizer:
         return AdamW(params, lr=self.lr, weight_decay=self.weight_decay)

@@ -104,6 +104,9 @@ def check_run_config(cfg) -> None:
         value = getattr(cfg, name)
         if not 0 < value < math.inf:  # False for NaN too
             raise InputError(f"{name} must be a positive finite number, got {value}")
+    holdout = getattr(cfg, "holdout", 0.0)  # a language model's run only
+    if not 0 <= holdout < 1:  # False for NaN too
+        raise InputError(f"holdout must be a fraction in [0, 1), got {holdout}")
 
 
 def check_loss(step: int, loss: float) -> None:

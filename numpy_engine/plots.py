@@ -70,7 +70,7 @@ def plot_attention(panels: list[tuple[str, np.ndarray, list[str], list[str]]], o
 
 
 def plot_history(history: dict, out) -> Path:
-    """Training loss per step; held-out loss and exact match at evaluations, if recorded."""
+    """Training loss per step; held-out loss (and exact match) at evaluations, if recorded."""
     figure = _figure(7, 4)
     ax = figure.subplots()
     ax.plot(history["step"], history["train_loss"], lw=0.8, label="training loss (batch)")
@@ -78,6 +78,7 @@ def plot_history(history: dict, out) -> Path:
     if evals:
         steps = [e["step"] for e in evals]
         ax.plot(steps, [e["heldout_loss"] for e in evals], "o-", label="held-out loss")
+    if evals and "exact_match" in evals[0]:  # a sequence task's (a language model has none)
         match = ax.twinx()
         match.plot(
             steps,

@@ -108,16 +108,49 @@ class Corpus:
         raise NotImplementedError
 
     def batch(self, rng: np.random.Generator, batch_size: int, context: int) -> tuple:
-        """batch_size random windows: idx (B, T) and targets (B, T), targets = idx shifted by 1."""
-        if len(self.ids) < context + 1:
+        """batch_size random windows of the text: see random_windows."""
+        return random_windows(self.ids, rng, batch_size, context)
+
+
+def random_windows(ids: np.ndarray, rng: np.random.Generator, batch_size: int, context: int):
+    """batch_size random windows of ids: idx (B, T) and targets (B, T), targets = idx shifted
+    by 1."""
+    if len(ids) < context + 1:
+        raise InputError(
+            f"the text has {len(ids)} tokens; a context of {context} needs at least {context + 1}"
+        )
+    starts = rng.integers(0, len(ids) - context, size=batch_size)  # (B,)
+    windows = starts[:, None] + np.arange(context + 1)  # (B, T + 1)
+    chunk = ids[windows]
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def split_off_heldout(ids: np.ndarray, fraction: float, context: int) -> tuple:
+    """(the ids to train on, the held-out ids): the last `fraction` of the tokens held out, so
+    that no training window overlaps them. Each part needs one window, context + 1 tokens."""
+    heldout = round(len(ids) * fraction)
+    for part, size in (("held-out", heldout), ("training", len(ids) - heldout)):
+        if size < context + 1:
             raise InputError(
-                f"the text has {len(self.ids)} tokens; a context of {context} "
-                f"needs at least {context + 1}"
+                f"holdout={fraction} leaves the {part} part {size} of the text's {len(ids)} "
+                f"tokens; a context of {context} needs at least {context + 1}"
             )
-        starts = rng.integers(0, len(self.ids) - context, size=batch_size)  # (B,)
-        windows = starts[:, None] + np.arange(context + 1)  # (B, T + 1)
-        chunk = self.ids[windows]
-        return chunk[:, :-1], chunk[:, 1:]
+    return ids[:-heldout], ids[-heldout:]
+
+
+def every_target_once(ids: np.ndarray, context: int, ignore_index: int) -> tuple:
+    """ids as windows in which every token but the first is a target exactly once: idx (W, T)
+    and targets (W, T), window w starting at token w T; the last window's targets past the
+    end are ignore_index (its inputs there repeat the last token: causal attention keeps
+    them from the targets that count)."""
+    n_windows = -(-(len(ids) - 1) // context)  # ceil((n - 1) / T)
+    padded = np.full(n_windows * context + 1, ids[-1])
+    padded[: len(ids)] = ids
+    starts = np.arange(n_windows)[:, None] * context  # (W, 1)
+    chunk = padded[starts + np.arange(context + 1)]  # (W, T + 1)
+    targets = chunk[:, 1:].copy()
+    targets.reshape(-1)[len(ids) - 1 :] = ignore_index  # the positions past the last token
+    return chunk[:, :-1], targets
 
 
 class CharCorpus(Corpus):

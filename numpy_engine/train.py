@@ -43,7 +43,10 @@ from numpy_engine.tasks import (
     CharCorpus,
     Split,
     corpus_from_meta,
+    every_target_once,
+    random_windows,
     sequence_task,
+    split_off_heldout,
 )
 
 __all__ = [  # the loop's names that callers know from here
@@ -168,18 +171,22 @@ def train_char_lm(
         raise InputError(f"context={cfg.context} is longer than the model's {model.config.max_len}")
     what = f"batch_size={cfg.batch_size} with context={cfg.context}"
     check_step_fits(what, type(model), model.config, cfg.batch_size, cfg.context)
+    train_ids, heldout = _split_text(cfg, corpus, model)
     if state is None:
-        history = empty_history(evaluations=False)
+        history = empty_history(evaluations=heldout is not None)
         sampler = np.random.default_rng([cfg.seed, 1])
         state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
 
     def next_batch(sampler):
-        return corpus.batch(sampler, cfg.batch_size, cfg.context)
+        return random_windows(train_ids, sampler, cfg.batch_size, cfg.context)
 
     def meta(state):
         return run_meta(cfg.task, cfg, state, **corpus.codec(), text=text)
 
-    timing = run_loop(state, cfg, next_batch, None, progress_stream, checkpointing, meta, parallel)
+    evaluate = _heldout_evaluation(heldout, cfg.batch_size)
+    timing = run_loop(
+        state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
+    )
     prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
     sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
     result = {
@@ -192,11 +199,53 @@ def train_char_lm(
         "tokenizer_vocab_size": corpus.vocab_size,  # may be fewer (a padded checkpoint's)
         "initial_train_loss": state.history["train_loss"][0],
         "final_train_loss": final_train_loss(state.history),
+        **_heldout_result(state, heldout),
         **timing,
         "prompt": prompt,
         "greedy_sample": sample,
     }
     return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
+
+
+def _split_text(cfg: CharTrainConfig, corpus, model) -> tuple:
+    """(the ids to train on, the held-out windows or None): cfg.holdout's split of the text."""
+    if not cfg.holdout:
+        return corpus.ids, None
+    train_ids, heldout_ids = split_off_heldout(corpus.ids, cfg.holdout, cfg.context)
+    return train_ids, every_target_once(heldout_ids, cfg.context, model.ignore_index())
+
+
+def _heldout_evaluation(heldout: tuple | None, batch_size: int):
+    """run_loop's evaluate for a language model: the held-out loss, kept in the history; None
+    without a holdout (no evaluation)."""
+    if heldout is None:
+        return None
+
+    def evaluate(state: TrainState) -> str:
+        loss = heldout_loss(state.model, heldout, batch_size)
+        state.history["eval"].append({"step": state.step, "heldout_loss": loss})
+        return f"  held-out loss {loss:.4f}"
+
+    return evaluate
+
+
+def heldout_loss(model, windows: tuple, batch_size: int) -> float:
+    """The mean next-token loss over every target of windows (every_target_once's idx and
+    targets), batch_size windows at a time: each batch's mean weighed by its targets."""
+    idx, targets = windows
+    total = 0.0
+    for rows in range(0, len(idx), batch_size):
+        batch = idx[rows : rows + batch_size], targets[rows : rows + batch_size]
+        total += model.loss(*batch) * model.count_targets(batch[1])
+    return total / model.count_targets(targets)
+
+
+def _heldout_result(state: TrainState, heldout: tuple | None) -> dict:
+    """The result's held-out fields: its targets and the last evaluation's loss; {} if none."""
+    if heldout is None:
+        return {}
+    last = state.history["eval"][-1]["heldout_loss"]
+    return {"heldout_targets": state.model.count_targets(heldout[1]), "heldout_loss": last}
 
 
 def _new_language_model(cfg: CharTrainConfig, vocab_size: int):
@@ -271,10 +320,7 @@ def _train_config(out_dir, meta: dict):
             f"(known: {', '.join(REFERENCE_RUNS)})"
         )
     config_class = type(REFERENCE_RUNS[meta["task"]])
-    settings = meta["train_config"]
-    if config_class is CharTrainConfig:  # saved before 2026-12-02 with an eval_every never read
-        settings = {name: value for name, value in settings.items() if name != "eval_every"}
-    return config_class(**settings)
+    return config_class(**meta["train_config"])  # a setting saved before it existed: its default
 
 
 def run_task(

@@ -114,12 +114,22 @@ def test_char_lm_trains_on_a_text_file_and_generates(tmp_path):
         "30",
         "--context",
         "8",
+        "--holdout",
+        "0.1",  # the last 26 of 260 characters
+        "--eval-every",
+        "10",
         "--out",
         str(out),
         "--quiet",
     )
     assert result.returncode == 0, result.stderr
-    assert result.stderr == "" and json.loads(result.stdout)["vocab_size"] == 4
+    printed = json.loads(result.stdout)
+    assert result.stderr == "" and printed["vocab_size"] == 4 and printed["heldout_targets"] == 25
+    evaluations = json.loads((out / "history.json").read_text())["eval"]
+    assert [e["step"] for e in evaluations] == [10, 20, 30]
+    assert (
+        printed["heldout_loss"] == evaluations[-1]["heldout_loss"] < evaluations[0]["heldout_loss"]
+    )
     sample = run_cli(
         "generate", "--checkpoint", str(out), "--prompt", "ab", "--max-new-tokens", "5"
     )
@@ -185,6 +195,9 @@ def test_an_unknown_flag_is_refused_with_its_commands_usage(args, command, unkno
         (["train", "copy", "--lr", "1e400"], "must be a positive finite number, got 1e400"),
         (["train", "copy", "--clip", "nan"], "--clip: must be a positive finite number"),
         (["generate", "--checkpoint", "RUN", "--prompt", "a", "--top-p", "inf"], "finite"),
+        (["train", "lm", "--holdout", "0"], "--holdout: must be a fraction between 0 and 1, got 0"),
+        (["train", "lm", "--holdout", "1"], "--holdout: must be a fraction between 0 and 1"),
+        (["train", "char-lm", "--holdout", "nan"], "must be a fraction between 0 and 1, got nan"),
     ],
 )
 def test_flags_out_of_range_are_refused_as_they_are_parsed(args, message, capsys):
@@ -240,8 +253,7 @@ def test_a_train_flag_without_its_companion_is_refused_before_training(args, mes
 @pytest.mark.parametrize(
     "task, flag, value",
     [
-        ("char-lm", "--eval-every", "5"),  # a language model's run has no held-out evaluation
-        ("lm", "--eval-every", "5"),
+        ("copy", "--holdout", "0.1"),  # the copy task's held-out split is its own
         ("copy", "--context", "8"),
         ("reverse", "--init", "RUN"),
     ],
@@ -250,6 +262,17 @@ def test_a_flag_that_does_not_apply_to_the_task_is_refused(task, flag, value, ca
     assert engine_main(["train", task, flag, value, "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err == f"numpy-engine train: error: {flag} does not apply to {task}\n"
+
+
+@pytest.mark.parametrize("task", ["char-lm", "lm"])
+def test_a_language_models_eval_every_needs_a_holdout(task, capsys):
+    assert engine_main(["train", task, "--eval-every", "5", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"numpy-engine train: error: --eval-every needs --holdout FRACTION for {task}: a "
+        "language model is evaluated on a held-out part of its text, and holds none out unless "
+        "asked\n"
+    )
 
 
 def test_train_needs_a_task_or_a_run_to_resume(capsys):

@@ -92,6 +92,15 @@ def test_the_loss_curve_on_a_log_scale_with_held_out_loss_and_exact_match(drawn)
     assert match.get_legend() is not None
 
 
+def test_a_language_models_held_out_loss_is_drawn_without_an_exact_match_axis(drawn):
+    evals = [{"step": 2, "heldout_loss": 1.5}, {"step": 4, "heldout_loss": 0.4}]
+    history = {"step": [1, 2, 3, 4], "train_loss": [2.0, 1.0, 0.5, 0.25], "eval": evals}
+    (loss,) = drawn(plots.plot_history, history).axes
+    train, heldout = loss.get_lines()
+    assert list(heldout.get_xdata()) == [2, 4] and list(heldout.get_ydata()) == [1.5, 0.4]
+    assert heldout.get_label() == "held-out loss" and len(train.get_xdata()) == 4
+
+
 def test_a_run_without_evaluations_draws_its_training_loss_alone(drawn):
     figure = drawn(plots.plot_history, {"step": [1, 2], "train_loss": [1.0, 0.5]})
     (loss,) = figure.axes

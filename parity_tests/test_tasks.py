@@ -13,8 +13,10 @@ from numpy_engine.tasks import (
     PAD,
     CharCorpus,
     Corpus,
+    every_target_once,
     read_text,
     sequence_task,
+    split_off_heldout,
 )
 
 
@@ -102,3 +104,23 @@ def test_a_char_corpus_needs_two_characters():
     assert CharCorpus("ab").ids.tolist() == [0, 1]  # one (input, next) pair
     with pytest.raises(ValueError, match="text must have at least 2 characters, got 1"):
         CharCorpus("a")
+
+
+@pytest.mark.parametrize("n", [9, 10, 16, 17, 18, 30])  # one window; a short last one; exact
+def test_held_out_windows_make_every_token_but_the_first_a_target_once(n):
+    ids = np.arange(100, 100 + n)
+    idx, targets = every_target_once(ids, context=8, ignore_index=-100)
+    counted = targets != -100
+    assert idx.shape == targets.shape == (-(-(n - 1) // 8), 8)
+    assert targets[counted].tolist() == ids[1:].tolist()  # each once, in order
+    assert idx[counted].tolist() == ids[:-1].tolist()  # each predicted from the token before
+    assert counted[:-1].all() and counted[-1].sum() == (n - 1) - 8 * (len(idx) - 1)
+
+
+def test_a_holdout_is_the_texts_end_and_each_part_must_hold_a_window():
+    train, heldout = split_off_heldout(np.arange(40), 0.25, context=8)
+    assert train.tolist() == list(range(30)) and heldout.tolist() == list(range(30, 40))
+    with pytest.raises(ValueError, match="holdout=0.2 leaves the held-out part 8 of the text's 40"):
+        split_off_heldout(np.arange(40), 0.2, context=8)
+    with pytest.raises(ValueError, match="leaves the training part 4 of the text's 40 tokens; a"):
+        split_off_heldout(np.arange(40), 0.9, context=8)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import numpy_engine as ne
-from numpy_engine import loop
+from numpy_engine import loop, tasks, train
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.generate import greedy_decode
 from numpy_engine.loop import TrainState, empty_history
@@ -141,6 +141,16 @@ def test_a_training_configs_counts_are_taken_down_to_their_least_and_no_lower(na
     loop.check_run_config(least)
 
 
+@pytest.mark.parametrize("holdout", [-0.1, 1.0, math.nan])
+def test_a_holdout_outside_0_to_1_is_refused_by_name(holdout):
+    """0 holds nothing out; 1 would hold out everything. (A config from Python.)"""
+    cfg = CharTrainConfig(steps=1, holdout=holdout)
+    with pytest.raises(
+        ValueError, match=rf"^holdout must be a fraction in \[0, 1\), got {holdout}$"
+    ):
+        train_char_lm(cfg, progress_stream=None)
+
+
 @pytest.mark.parametrize("first_step", [0, 10])  # a new run, one resumed at step 10
 def test_a_run_reports_the_seconds_it_took_and_its_steps_per_second(first_step):
     model = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=7)
@@ -251,15 +261,65 @@ def test_fine_tuning_starts_from_the_checkpoints_weights_and_refuses_a_longer_co
         train_char_lm(cfg, progress_stream=None)
 
 
-def test_a_language_model_run_saved_with_an_eval_every_resumes(tmp_path):
-    """Runs saved before 2026-12-02 kept an eval_every no language-model run read; the
-    config has none now, and such a checkpoint resumes to the same bits as one without."""
+def test_language_model_runs_saved_before_the_holdout_resume(tmp_path):
+    """Runs saved before 2026-12-02 kept an eval_every that nothing read; those saved until
+    the holdout came kept neither. Both resume to the same bits as a run saved now, which
+    holds nothing out and evaluates nothing."""
     run = train_char_lm(CharTrainConfig(steps=2, context=8), progress_stream=None)
-    for name, extra in (("new", {}), ("old", {"eval_every": 50})):
+    kept_then = {"oldest": {"eval_every": 50}, "old": {}, "new": None}
+    for name, kept in kept_then.items():
         save_run(run, tmp_path / name)
+        if kept is None:
+            continue
         saved = load_checkpoint(tmp_path / name)
-        meta = saved.meta | {"train_config": saved.meta["train_config"] | extra}
+        settings = saved.meta["train_config"]
+        settings = {k: v for k, v in settings.items() if k not in ("holdout", "eval_every")}
+        meta = saved.meta | {"train_config": settings | kept}
         save_checkpoint(tmp_path / name, saved.model, saved.optimizer_state, meta)
-    old, new = (resume(tmp_path / name, None, steps=3) for name in ("old", "new"))
-    assert np.array_equal(old.model.flat, new.model.flat)
-    assert old.history["train_loss"] == new.history["train_loss"] and len(old.history["step"]) == 3
+    *older, new = (resume(tmp_path / name, None, steps=3) for name in kept_then)
+    for old in older:
+        assert np.array_equal(old.model.flat, new.model.flat) and "eval" not in old.history
+        assert old.history == new.history and len(old.history["step"]) == 3
+
+
+HELD_OUT_TEXT = "ab" * 150 + "cd" * 50  # holdout=0.25: the last 100 tokens, "cdcd...", held out
+
+
+def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target(monkeypatch):
+    seen = []
+
+    def spy(ids, rng, batch_size, context):  # the run's training batches
+        seen.append(tasks.random_windows(ids, rng, batch_size, context))
+        return seen[-1]
+
+    monkeypatch.setattr(train, "random_windows", spy)
+    cfg = CharTrainConfig(steps=6, context=8, batch_size=4, holdout=0.25, eval_every=4)
+    run = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None)
+    corpus = CharCorpus(HELD_OUT_TEXT)
+    held_out_ids = [corpus.index["c"], corpus.index["d"]]
+    assert len(seen) == 6 and not np.isin(np.stack(seen), held_out_ids).any()
+    assert [e["step"] for e in run.history["eval"]] == [4, 6]
+    # windows of 8 targets from the held-out part's start, the last of 3: 99 = 12 * 8 + 3,
+    # evaluated 4 windows a batch, so an unweighted mean of the batches' means would differ
+    total, heldout = 0.0, corpus.ids[-100:]
+    for start in range(0, 99, 8):
+        window = heldout[start : start + 9]
+        logits = run.model.forward(window[None, :-1])[0][0].astype(np.float64)
+        logits -= logits.max(axis=-1, keepdims=True)
+        log_p = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+        total -= log_p[np.arange(len(window) - 1), window[1:]].sum()
+    result = run.result
+    assert result["heldout_targets"] == 99
+    assert result["heldout_loss"] == run.history["eval"][-1]["heldout_loss"]
+    assert abs(result["heldout_loss"] - total / 99) <= 1e-6 * total / 99
+
+
+def test_a_run_with_a_holdout_resumes_to_the_same_evaluations(tmp_path):
+    cfg = CharTrainConfig(steps=4, context=8, batch_size=4, holdout=0.25, eval_every=2)
+    straight = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None)
+    save_run(train_char_lm(replace(cfg, steps=2), HELD_OUT_TEXT, None), tmp_path / "run")
+    resumed = resume(tmp_path / "run", None, steps=4)
+    assert np.array_equal(resumed.model.flat, straight.model.flat)
+    evaluations = straight.history["eval"]
+    assert resumed.history["eval"] == evaluations and [e["step"] for e in evaluations] == [2, 4]
+    assert resumed.result["heldout_loss"] == straight.result["heldout_loss"]
