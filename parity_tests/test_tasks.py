@@ -115,11 +115,14 @@ def test_held_out_windows_make_every_token_but_the_first_a_target_once(n):
     assert targets[counted].tolist() == ids[1:].tolist()  # each once, in order
     assert idx[counted].tolist() == ids[:-1].tolist()  # each predicted from the token before
     assert counted[:-1].all() and counted[-1].sum() == (n - 1) - 8 * (len(idx) - 1)
+    assert (idx[~counted] == ids[-1]).all()  # past the end: the last token again
 
 
 def test_a_holdout_is_the_texts_end_and_each_part_must_hold_a_window():
     train, heldout = split_off_heldout(np.arange(40), 0.25, context=8)
     assert train.tolist() == list(range(30)) and heldout.tolist() == list(range(30, 40))
+    for fraction, held_out in ((0.225, 9), (0.775, 31)):  # one part just one window long
+        assert len(split_off_heldout(np.arange(40), fraction, context=8)[1]) == held_out
     with pytest.raises(ValueError, match="holdout=0.2 leaves the held-out part 8 of the text's 40"):
         split_off_heldout(np.arange(40), 0.2, context=8)
     with pytest.raises(ValueError, match="leaves the training part 4 of the text's 40 tokens; a"):

@@ -314,6 +314,13 @@ def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target
     assert abs(result["heldout_loss"] - total / 99) <= 1e-6 * total / 99
 
 
+def test_a_holdout_too_small_for_one_window_is_refused_before_training():
+    cfg = CharTrainConfig(steps=1, context=8, holdout=0.01)
+    message = "holdout=0.01 leaves the held-out part 4 of the text's 400 tokens; a context of 8"
+    with pytest.raises(ValueError, match=message):
+        train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None)
+
+
 def test_a_run_with_a_holdout_resumes_to_the_same_evaluations(tmp_path):
     cfg = CharTrainConfig(steps=4, context=8, batch_size=4, holdout=0.25, eval_every=2)
     straight = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None)
