@@ -86,6 +86,7 @@ def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
     text = tmp_path / "text.txt"
     text.write_text(DEFAULT_TEXT)
     args = ["--text", str(text), "--context", "16", "--batch-size", "4", "--lr", "3e-3"]
+    args += ["--holdout", "0.25", "--eval-every", "10"]  # the text's last quarter held out
     assert (
         cli(
             capsys,
@@ -106,6 +107,11 @@ def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
     result = json.loads((tuned / "result.json").read_text())
     assert result["steps"] == 30 and result["task"] == "lm"
     assert result["final_train_loss"] < result["initial_train_loss"] - 1.0
+    evaluations = json.loads((tuned / "history.json").read_text())["eval"]
+    assert [e["step"] for e in evaluations] == [10, 20, 30]  # 20 steps, then resumed to 30
+    assert (
+        result["heldout_loss"] == evaluations[-1]["heldout_loss"] < evaluations[0]["heldout_loss"]
+    )
 
     exported = cli(capsys, "export-hf", "--checkpoint", str(tuned), "--to", str(back))
     assert exported == (0, f"wrote {back}\n", "")
