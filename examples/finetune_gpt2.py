@@ -16,9 +16,18 @@ from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.generate import generate
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW
-from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, corpus_from_meta, read_text
+from numpy_engine.tasks import (
+    DEFAULT_TEXT,
+    CharCorpus,
+    corpus_from_meta,
+    every_target_once,
+    random_windows,
+    read_text,
+    split_off_heldout,
+)
+from numpy_engine.train import heldout_loss
 
-SEED, STEPS, BATCH_SIZE, CONTEXT = 7, 200, 8, 32
+SEED, STEPS, BATCH_SIZE, CONTEXT, HOLDOUT = 7, 200, 8, 32, 0.1
 text = read_text(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_TEXT
 
 if len(sys.argv) > 1:  # the real thing: weights and tokenizer from the directory
@@ -35,14 +44,20 @@ else:  # offline: GPT-2's architecture and initialisation, a character vocabular
 context = min(CONTEXT, model.config.max_len)  # a small model may see fewer positions
 print(f"GPT-2 with {model.num_parameters():,} parameters; {len(corpus.ids):,} tokens of text")
 
+# the text's last tenth is held out: never trained on, every token of it a target once
+train_ids, heldout_ids = split_off_heldout(corpus.ids, HOLDOUT, context)
+heldout = every_target_once(heldout_ids, context, model.ignore_index())
+print(f"held-out loss before: {heldout_loss(model, heldout, BATCH_SIZE):.4f}")
+
 optimizer = AdamW(model.params, lr=lr, weight_decay=0.01)
 sampler = np.random.default_rng([SEED, 1])
 for step in range(1, STEPS + 1):
-    idx, targets = corpus.batch(sampler, BATCH_SIZE, context)  # targets: idx shifted by one
+    idx, targets = random_windows(train_ids, sampler, BATCH_SIZE, context)  # targets: idx + 1
     loss, grads = model.loss_and_grads(idx, targets)  # wte's gradient: embedding + tied head
     optimizer.step(model.flat, grads, max_grad_norm=1.0)  # clips, then updates model.flat
     if step == 1 or step % 40 == 0:
         print(f"step {step:3d}  loss {loss:.4f}", flush=True)
 
+print(f"held-out loss after: {heldout_loss(model, heldout, BATCH_SIZE):.4f}")
 prompt = corpus.encode(text[:6])
 print("greedy:", repr(corpus.decode(generate(model, prompt, max_new_tokens=30)[0])))

@@ -37,6 +37,8 @@ def test_gpt2_example_fine_tunes_offline_and_from_a_directory(tmp_path):
     out = run_example("finetune_gpt2.py")
     losses = [float(x) for x in re.findall(r"step +\d+  loss ([0-9.]+)", out)]
     assert losses[-1] < 0.5 * losses[0] and "greedy: 'to be" in out, out
+    before, after = (float(x) for x in re.findall(r"held-out loss \w+: ([0-9.]+)", out))
+    assert after < 0.5 * before, out  # on the text's last tenth, which it never trained on
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -57,3 +59,5 @@ def test_gpt2_example_fine_tunes_offline_and_from_a_directory(tmp_path):
     assert result.returncode == 0, result.stderr
     losses = [float(x) for x in re.findall(r"step +\d+  loss ([0-9.]+)", result.stdout)]
     assert len(losses) == 6 and losses[-1] < losses[0], result.stdout
+    before, after = re.findall(r"held-out loss \w+: ([0-9.]+)", result.stdout)
+    assert float(after) < float(before), result.stdout
