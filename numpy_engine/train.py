@@ -183,7 +183,7 @@ def train_char_lm(
     def meta(state):
         return run_meta(cfg.task, cfg, state, **corpus.codec(), text=text)
 
-    evaluate = _heldout_evaluation(heldout, cfg.batch_size)
+    evaluate = _heldout_evaluation(heldout, _rows_a_forward(cfg.batch_size, parallel))
     timing = run_loop(
         state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
     )
@@ -213,6 +213,14 @@ def _split_text(cfg: CharTrainConfig, corpus, model) -> tuple:
         return corpus.ids, None
     train_ids, heldout_ids = split_off_heldout(corpus.ids, cfg.holdout, cfg.context)
     return train_ids, every_target_once(heldout_ids, cfg.context, model.ignore_index())
+
+
+def _rows_a_forward(batch_size: int, parallel: DataParallel | None) -> int:
+    """How many windows a forward pass of the run's steps takes: a rank's micro-batch (a run
+    in micro-batches to save memory evaluates in them too)."""
+    if parallel is None:
+        return batch_size
+    return -(-batch_size // (parallel.group.size * parallel.accumulate))  # ceil
 
 
 def _heldout_evaluation(heldout: tuple | None, batch_size: int):

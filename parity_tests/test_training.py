@@ -17,6 +17,7 @@ from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.generate import greedy_decode
 from numpy_engine.loop import TrainState, empty_history
 from numpy_engine.optim import Adam
+from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, sequence_task
 from numpy_engine.train import (
     CharTrainConfig,
@@ -312,6 +313,26 @@ def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target
     assert result["heldout_targets"] == 99
     assert result["heldout_loss"] == run.history["eval"][-1]["heldout_loss"]
     assert abs(result["heldout_loss"] - total / 99) <= 1e-6 * total / 99
+
+
+def test_a_run_in_micro_batches_evaluates_in_micro_batches(monkeypatch):
+    """--accumulate saves memory: the held-out windows go through the model as many at a
+    time as a micro-batch, and their mean loss is the same to rounding."""
+    rows = []
+
+    def spy(model, windows, batch_size):
+        rows.append(batch_size)
+        return tasks_heldout_loss(model, windows, batch_size)
+
+    tasks_heldout_loss = train.heldout_loss
+    monkeypatch.setattr(train, "heldout_loss", spy)
+    cfg = CharTrainConfig(steps=2, context=8, batch_size=8, holdout=0.25, eval_every=2)
+    whole = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None)
+    micro = DataParallel(OneProcess(), accumulate=3)  # micro-batches of 3, 3 and 2 windows
+    parts = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None, parallel=micro)
+    assert rows == [8, 3]
+    gap = abs(parts.result["heldout_loss"] - whole.result["heldout_loss"])
+    assert gap <= 1e-6 * whole.result["heldout_loss"]
 
 
 def test_a_holdout_too_small_for_one_window_is_refused_before_training():
