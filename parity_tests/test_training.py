@@ -318,13 +318,12 @@ def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target
 def test_a_run_in_micro_batches_evaluates_in_micro_batches(monkeypatch):
     """--accumulate saves memory: the held-out windows go through the model as many at a
     time as a micro-batch, and their mean loss is the same to rounding."""
-    rows = []
+    rows, measure = [], train.heldout_loss
 
-    def spy(model, windows, batch_size):
+    def spy(model, windows, batch_size):  # the windows a forward pass takes
         rows.append(batch_size)
-        return tasks_heldout_loss(model, windows, batch_size)
+        return measure(model, windows, batch_size)
 
-    tasks_heldout_loss = train.heldout_loss
     monkeypatch.setattr(train, "heldout_loss", spy)
     cfg = CharTrainConfig(steps=2, context=8, batch_size=8, holdout=0.25, eval_every=2)
     whole = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None)
