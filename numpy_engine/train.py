@@ -35,7 +35,7 @@ from numpy_engine.loop import (
     run_meta,
 )
 from numpy_engine.models import Seq2SeqConfig, Seq2SeqTransformer, model_class
-from numpy_engine.parallel import DataParallel
+from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.tasks import (
     DEFAULT_TEXT,
     EOS,
@@ -183,7 +183,7 @@ def train_char_lm(
     def meta(state):
         return run_meta(cfg.task, cfg, state, **corpus.codec(), text=text)
 
-    evaluate = _heldout_evaluation(heldout, _rows_a_forward(cfg.batch_size, parallel))
+    evaluate = _heldout_evaluation(heldout, cfg.batch_size, parallel)
     timing = run_loop(
         state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
     )
@@ -223,29 +223,37 @@ def _rows_a_forward(batch_size: int, parallel: DataParallel | None) -> int:
     return -(-batch_size // (parallel.group.size * parallel.accumulate))  # ceil
 
 
-def _heldout_evaluation(heldout: tuple | None, batch_size: int):
+def _heldout_evaluation(heldout: tuple | None, batch_size: int, parallel: DataParallel | None):
     """run_loop's evaluate for a language model: the held-out loss, kept in the history; None
-    without a holdout (no evaluation)."""
+    without a holdout (no evaluation). Data-parallel, the ranks share the windows."""
     if heldout is None:
         return None
+    rows = _rows_a_forward(batch_size, parallel)
+    group = None if parallel is None else parallel.group
 
     def evaluate(state: TrainState) -> str:
-        loss = heldout_loss(state.model, heldout, batch_size)
+        loss = heldout_loss(state.model, heldout, rows, group)
         state.history["eval"].append({"step": state.step, "heldout_loss": loss})
         return f"  held-out loss {loss:.4f}"
 
     return evaluate
 
 
-def heldout_loss(model, windows: tuple, batch_size: int) -> float:
+def heldout_loss(model, windows: tuple, batch_size: int, group: OneProcess | None = None):
     """The mean next-token loss over every target of windows (every_target_once's idx and
-    targets), batch_size windows at a time: each batch's mean weighed by its targets."""
+    targets), batch_size windows at a time: each batch's mean weighed by its targets. With a
+    data-parallel run's group, each rank takes its share of the windows and one Allreduce
+    adds up every rank's sums."""
     idx, targets = windows
-    total = 0.0
-    for rows in range(0, len(idx), batch_size):
-        batch = idx[rows : rows + batch_size], targets[rows : rows + batch_size]
-        total += model.loss(*batch) * model.count_targets(batch[1])
-    return total / model.count_targets(targets)
+    group = group or OneProcess()
+    share = np.array_split(np.arange(len(idx)), group.size)[group.rank]  # this rank's windows
+    sums = np.zeros(2)  # [sum over batches of mean loss x targets, targets]
+    for start in range(0, len(share), batch_size):
+        rows = share[start : start + batch_size]
+        n = model.count_targets(targets[rows])
+        sums += (model.loss(idx[rows], targets[rows]) * n, n)
+    group.allreduce_sum(sums)
+    return float(sums[0] / sums[1])
 
 
 def _heldout_result(state: TrainState, heldout: tuple | None) -> dict:

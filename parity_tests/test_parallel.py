@@ -20,7 +20,8 @@ import pytest
 import numpy_engine as ne
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.checks import InputError
-from numpy_engine.train import SequenceTrainConfig, train_sequence_task
+from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, every_target_once, split_off_heldout
+from numpy_engine.train import SequenceTrainConfig, heldout_loss, train_sequence_task
 from parity_tests.mpi_runs import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,8 +90,10 @@ def test_an_error_on_rank_0_alone_ends_every_rank(tmp_path):
 
 
 def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
+    """... its held-out evaluations too, each rank taking its share of the windows."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     args = ["train", "char-lm", "--data-parallel", "--quiet", "--batch-size", "8"]
+    args += ["--holdout", "0.2", "--eval-every", "10"]
     runner = [MPIEXEC, "-n", "2", sys.executable, *cli(*args, "--steps", "400")]
     runner += ["--out", str(killed), "--checkpoint-every", "10"]
     process = subprocess.Popen(runner, cwd=ROOT, start_new_session=True)
@@ -112,6 +115,15 @@ def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     a, b = load_checkpoint(killed).model.flat, load_checkpoint(whole).model.flat
     assert np.array_equal(a, b)
     assert json.loads((killed / "result.json").read_text())["steps"] == int(steps)
+    evaluations = [
+        json.loads((run / "history.json").read_text())["eval"] for run in (killed, whole)
+    ]
+    assert evaluations[0] == evaluations[1] and evaluations[0][-1]["step"] == int(steps)
+    # the two ranks' shares add up to every held-out window: one process's loss, to rounding
+    heldout_ids = split_off_heldout(CharCorpus(DEFAULT_TEXT).ids, 0.2, 32)[1]
+    windows = every_target_once(heldout_ids, 32, -100)
+    alone = heldout_loss(load_checkpoint(whole).model, windows, 8)
+    assert abs(evaluations[1][-1]["heldout_loss"] - alone) <= 1e-6 * alone
 
 
 def test_ctrl_c_under_mpi_ends_every_rank_with_one_line(tmp_path):

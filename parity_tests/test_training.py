@@ -320,9 +320,9 @@ def test_a_run_in_micro_batches_evaluates_in_micro_batches(monkeypatch):
     time as a micro-batch, and their mean loss is the same to rounding."""
     rows, measure = [], train.heldout_loss
 
-    def spy(model, windows, batch_size):  # the windows a forward pass takes
+    def spy(model, windows, batch_size, group):  # the windows a forward pass takes
         rows.append(batch_size)
-        return measure(model, windows, batch_size)
+        return measure(model, windows, batch_size, group)
 
     monkeypatch.setattr(train, "heldout_loss", spy)
     cfg = CharTrainConfig(steps=2, context=8, batch_size=8, holdout=0.25, eval_every=2)
