@@ -10,6 +10,7 @@ rank (docs/gradients.md#data-parallel), the same vector on every rank, the same 
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import stat
@@ -136,6 +137,12 @@ class DataParallel:
         rows = np.array_split(np.arange(len(batch[0])), self.group.size)[self.group.rank]
         parts = np.array_split(rows, self.accumulate)
         return [tuple(array[part] for array in batch) for part in parts if len(part)]
+
+    def micro_batch_rows(self, batch_size: int) -> int:
+        """The most rows a micro-batch of share's takes from a batch of batch_size rows (its
+        array_splits give the first parts the extra row): ceil(ceil(B / ranks) / K)."""
+        rank_rows = math.ceil(batch_size / self.group.size)
+        return math.ceil(rank_rows / self.accumulate)
 
     def gradient(self, model, batch: tuple, local_step) -> tuple[float, np.ndarray]:
         """(the global mean loss, the global mean gradient as a flat vector) of one step.

@@ -215,20 +215,13 @@ def _split_text(cfg: CharTrainConfig, corpus, model) -> tuple:
     return train_ids, every_target_once(heldout_ids, cfg.context, model.ignore_index())
 
 
-def _rows_a_forward(batch_size: int, parallel: DataParallel | None) -> int:
-    """How many windows a forward pass of the run's steps takes: a rank's micro-batch (a run
-    in micro-batches to save memory evaluates in them too)."""
-    if parallel is None:
-        return batch_size
-    return -(-batch_size // (parallel.group.size * parallel.accumulate))  # ceil
-
-
 def _heldout_evaluation(heldout: tuple | None, batch_size: int, parallel: DataParallel | None):
     """run_loop's evaluate for a language model: the held-out loss, kept in the history; None
     without a holdout (no evaluation). Data-parallel, the ranks share the windows."""
     if heldout is None:
         return None
-    rows = _rows_a_forward(batch_size, parallel)
+    # as many windows at a time as a step's forward takes (micro-batches save memory)
+    rows = batch_size if parallel is None else parallel.micro_batch_rows(batch_size)
     group = None if parallel is None else parallel.group
 
     def evaluate(state: TrainState) -> str:

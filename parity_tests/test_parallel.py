@@ -183,6 +183,28 @@ def test_data_parallel_without_the_mpi_extra_names_it(monkeypatch):
         process_group(True)
 
 
+def test_micro_batch_rows_is_the_largest_micro_batch_any_rank_takes():
+    """What a held-out evaluation takes at a time: share's largest part, on any rank."""
+    from numpy_engine.parallel import DataParallel, OneProcess
+
+    class Rank(OneProcess):
+        def __init__(self, rank: int, size: int) -> None:
+            self.rank, self.size = rank, size
+
+    for batch_size in range(1, 24):
+        for ranks in (1, 2, 3):
+            for accumulate in (1, 2, 3, 5):
+                parts = [
+                    len(micro[0])
+                    for rank in range(ranks)
+                    for micro in DataParallel(Rank(rank, ranks), accumulate).share(
+                        (np.arange(batch_size),)
+                    )
+                ]
+                rows = DataParallel(Rank(0, ranks), accumulate).micro_batch_rows(batch_size)
+                assert rows == max(parts), (batch_size, ranks, accumulate)
+
+
 def test_add_scaled_sums_n_times_each_gradient_and_refuses_one_that_does_not_fit():
     from numpy_engine.parallel import add_scaled
 
