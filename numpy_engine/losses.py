@@ -3,7 +3,8 @@
 A pair of pure functions like those of layers.py, ``cross_entropy_forward(logits, targets,
 ignore_index) -> (loss, cache)`` and ``cross_entropy_backward(dloss, cache) -> dlogits``,
 and ``linear_cross_entropy``, the readout and the loss in one call that never holds more than
-one (N, V) array. docs/gradients.md#cross-entropy derives both.
+one (N, V) array (``linear_cross_entropy_loss``: its loss alone, for evaluation).
+docs/gradients.md#cross-entropy derives both.
 
 Shape legend: N rows (B * T flattened), V classes (the vocabulary), C channels.
 """
@@ -119,15 +120,43 @@ def linear_cross_entropy(
     return loss_sum / n_counted, dx.reshape(x.shape), grads
 
 
-def _dlogits_in_place(z: np.ndarray, targets: np.ndarray, counted: np.ndarray, n: int) -> float:
-    """Logits z (n_rows, V) -> (softmax - onehot) / n on counted rows, in place; returns the
-    block's summed loss, with cross_entropy_forward's and _backward's helpers."""
+def linear_cross_entropy_loss(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    targets: np.ndarray,
+    ignore_index: int,
+    affine: tuple | None = None,
+) -> float:
+    """linear_cross_entropy's loss alone, for evaluation: the same values in the same order,
+    so the same bits, and one (N, V) array (the logits, turned into exp(z - max) in place)
+    where cross_entropy_forward over linear_forward's logits holds four."""
+    C = x.shape[-1]
+    safe_targets, counted, n_counted = _counted_targets(targets, ignore_index)
+    logits, _ = linear_forward(x.reshape(-1, C), weight, bias, affine)  # (N, V)
+    loss_sum = 0.0
+    for rows in slices(len(logits), logits.shape[1] * logits.itemsize, FUSED_BLOCK_BYTES):
+        loss_sum += _loss_in_place(logits[rows], safe_targets[rows], counted[rows])[0]
+    return loss_sum / n_counted
+
+
+def _loss_in_place(z: np.ndarray, targets: np.ndarray, counted: np.ndarray) -> tuple:
+    """A block's summed loss from its logits z (n_rows, V), which become exp(z - row max)
+    with each row's top class zeroed; with the rows, the top classes and the others' mass
+    (n_rows, 1) that _dlogits_in_place goes on from."""
     r = np.arange(len(z))
     _, top = _shifted_by_row_max(z, r, out=z)  # z <= 0 now
     picked = z[r, targets]  # the targets' shifted logits
     np.exp(z, out=z)
     others = _other_classes_mass(z, r, top)  # (n_rows, 1)
     loss = -float(((picked - np.log1p(others[:, 0])) * counted).sum())
+    return loss, r, top, others
+
+
+def _dlogits_in_place(z: np.ndarray, targets: np.ndarray, counted: np.ndarray, n: int) -> float:
+    """Logits z (n_rows, V) -> (softmax - onehot) / n on counted rows, in place; returns the
+    block's summed loss, with cross_entropy_forward's and _backward's helpers."""
+    loss, r, top, others = _loss_in_place(z, targets, counted)
     z[r, top] = 1.0
     z /= 1.0 + others  # softmax
     _minus_the_rest(z, r, targets)  # p_y - 1 as minus the others' mass: no cancellation

@@ -48,7 +48,8 @@ def test_linear(affine, B, T, c_in, c_out, seed):
 @given(B=small, T=small, C=small, V=st.integers(2, 9), bias=st.booleans(), seed=seeds)
 def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, seed):
     """linear_cross_entropy against linear -> cross-entropy -> their backwards, float64; with
-    a block of 2 rows, so the blocks and their edges are exercised."""
+    a block of 2 rows, so the blocks and their edges are exercised. Its loss alone, for
+    evaluation (linear_cross_entropy_loss), is the same bits."""
     rng = rng_of(seed)
     x, weight = rng.standard_normal((B, T, C)), rng.standard_normal((V, C))
     b = rng.standard_normal(V) if bias else None
@@ -61,7 +62,8 @@ def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, see
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(losses, "FUSED_BLOCK_BYTES", 2 * V * x.itemsize)
         fused_loss, fused_dx, fused_grads = losses.linear_cross_entropy(x, weight, b, targets, -100)
-    assert abs(fused_loss - loss) <= 1e-13 * abs(loss)
+        evaluation_loss = losses.linear_cross_entropy_loss(x, weight, b, targets, -100)
+    assert abs(fused_loss - loss) <= 1e-13 * abs(loss) and evaluation_loss == fused_loss
     assert_all_close_float64(
         "fused readout and loss", {"x": fused_dx} | fused_grads, {"x": dx} | grads
     )

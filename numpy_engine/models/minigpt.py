@@ -28,7 +28,7 @@ from numpy_engine.layers import (
     linear_backward,
     linear_forward,
 )
-from numpy_engine.losses import linear_cross_entropy
+from numpy_engine.losses import linear_cross_entropy, linear_cross_entropy_loss
 from numpy_engine.models.base import (
     IGNORE_INDEX,
     Model,
@@ -157,6 +157,14 @@ class MiniGPT(Model):
         head, ignore = self._head(), self.ignore_index()
         loss, dx, head_grads = linear_cross_entropy(x, *head, targets, ignore, cache.head_affine)
         return loss, self._trunk_backward(dx, cache, head_grads)
+
+    def _loss(self, inputs: tuple, targets: np.ndarray) -> float:
+        """_loss_and_grads' loss (the same bits) without the gradients: evaluation too holds
+        one (B, T, V) array at a time, not Model._loss's four."""
+        x, cache = self._trunk_forward(*inputs)
+        targets = self._targets(targets, x)
+        head, ignore = self._head(), self.ignore_index()
+        return linear_cross_entropy_loss(x, *head, targets, ignore, cache.head_affine)
 
     def _head(self) -> tuple:
         """The output projection's (weight, bias): logits = final_norm(x) @ weight.T + bias."""
