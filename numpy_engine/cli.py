@@ -46,7 +46,8 @@ TORCH_COMMANDS = {
     "bench": "time training steps against the PyTorch reference",
 }
 # The train command's options that set a run's config field of the same name; their
-# defaults are the reference runs' (configs.REFERENCE_RUNS), shown in --help from there.
+# defaults are the reference runs' (configs.REFERENCE_RUNS), shown in --help from there,
+# or, where the default means "off", in words (a third item).
 RUN_FLAGS = {
     "steps": (positive_int, "optimizer steps"),
     "seed": (non_negative_int, "seeds the data split, the initial weights and the batches"),
@@ -62,10 +63,12 @@ RUN_FLAGS = {
         fraction,
         "char-lm, lm: hold out this fraction of the text's tokens, at its end (e.g. 0.1): "
         "never trained on, their mean loss shown every --eval-every steps and in the result",
+        "default: none, every token is trained on",
     ),
     "init": (
         str,
         "lm: the checkpoint to fine-tune (e.g. written by import-hf); its tokenizer reads --text",
+        "default: none, a new model",
     ),
 }
 
@@ -94,8 +97,9 @@ def add_train_command(commands) -> None:
         "--text with its own tokenizer, or without --init train a small GPT-2 from scratch on "
         "the text's characters (the tasks of configs.REFERENCE_RUNS)",
     )
-    for name, (kind, text) in RUN_FLAGS.items():
-        train.add_argument(_flag(name), type=kind, help=f"{text} ({_defaults(name)})")
+    for name, (kind, text, *in_words) in RUN_FLAGS.items():
+        default = in_words[0] if in_words else _defaults(name)
+        train.add_argument(_flag(name), type=kind, help=f"{text} ({default})")
     train.add_argument(
         "--text",
         metavar="FILE",
