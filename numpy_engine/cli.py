@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
@@ -271,8 +272,20 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
             from numpy_engine.plots import plot_history
 
             run.result["plot"] = str(plot_history(run.history, Path(out) / "loss.png"))
-    print(json.dumps(run.result, indent=2))
+    print_result(run.result)
     return 0
+
+
+def print_result(result: dict, stream: TextIO | None = None) -> None:
+    """The JSON result on stdout, its text (a sample, a prompt) as it is where the stream
+    can show it, escaped ("\\u00e9") where it cannot (a terminal that is not UTF-8)."""
+    stream = stream or sys.stdout
+    text = json.dumps(result, indent=2, ensure_ascii=False)
+    try:
+        text.encode(stream.encoding or "ascii")
+    except UnicodeEncodeError:
+        text = json.dumps(result, indent=2)
+    print(text, file=stream)
 
 
 def _flag(name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -14,6 +15,7 @@ from crosscheck.cli import build_parser as crosscheck_parser
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import build_parser as engine_parser
 from numpy_engine.cli import main as engine_main
+from numpy_engine.cli import print_result
 from numpy_engine.cli_args import parse_command
 from numpy_engine.generate import greedy_decode
 from numpy_engine.models.gpt2 import GPT2
@@ -150,6 +152,20 @@ def test_lm_without_init_trains_a_small_gpt2_on_the_texts_characters(tmp_path, c
     checkpoint = load_checkpoint(out)
     assert type(checkpoint.model) is GPT2 and checkpoint.meta["vocabulary"] == " abc"
     assert (checkpoint.model.config.d_model, checkpoint.model.config.max_len) == (32, 64)
+
+
+def test_the_result_shows_a_texts_own_characters_where_the_terminal_can(tmp_path, capsys):
+    text = tmp_path / "accents.txt"
+    text.write_text("héllo wörld " * 40, encoding="utf-8")
+    assert engine_main(["train", "char-lm", "--text", str(text), "--steps", "1", "--quiet"]) == 0
+    shown = capsys.readouterr().out
+    result = json.loads(shown)
+    assert result["prompt"] == "hél" and '"prompt": "hél"' in shown  # stdout here is UTF-8
+    ascii_terminal = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    print_result(result, ascii_terminal)
+    ascii_terminal.seek(0)
+    escaped = ascii_terminal.read()
+    assert '"prompt": "h\\u00e9l"' in escaped and json.loads(escaped) == result
 
 
 @pytest.mark.parametrize(
