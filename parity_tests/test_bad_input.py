@@ -89,11 +89,12 @@ SEQ2SEQ_BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", SEQ2SEQ_BAD_INPUTS, ids=str)
-def test_seq2seq_bad_input(case):
+@pytest.mark.parametrize("method", ["loss_and_grads", "loss"])  # training, evaluation
+def test_seq2seq_bad_input(case, method):
     changes, error, message = SEQ2SEQ_BAD_INPUTS[case]
     batch = dict(source=SOURCE, decoder_input=DECODER_INPUT, target=TARGET) | changes
     with pytest.raises(error, match=message):
-        SEQ2SEQ.loss_and_grads(**batch)
+        getattr(SEQ2SEQ, method)(**batch)
 
 
 GPT_BAD_INPUTS = {
@@ -120,11 +121,12 @@ GPT_BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", GPT_BAD_INPUTS, ids=str)
-def test_gpt_bad_input(case):
+@pytest.mark.parametrize("method", ["loss_and_grads", "loss"])  # training, evaluation
+def test_gpt_bad_input(case, method):
     changes, error, message = GPT_BAD_INPUTS[case]
     batch = dict(idx=IDX, targets=TARGETS) | changes
     with pytest.raises(error, match=message):
-        GPT.loss_and_grads(**batch)
+        getattr(GPT, method)(**batch)
 
 
 BAD_CONFIGS = {

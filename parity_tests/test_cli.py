@@ -160,12 +160,12 @@ def test_the_result_shows_a_texts_own_characters_where_the_terminal_can(tmp_path
     assert engine_main(["train", "char-lm", "--text", str(text), "--steps", "1", "--quiet"]) == 0
     shown = capsys.readouterr().out
     result = json.loads(shown)
-    assert result["prompt"] == "hél" and '"prompt": "hél"' in shown  # stdout here is UTF-8
+    assert result["prompt"] == "hél" and '\n  "prompt": "hél",\n' in shown  # stdout: UTF-8
     ascii_terminal = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
     print_result(result, ascii_terminal)
     ascii_terminal.seek(0)
     escaped = ascii_terminal.read()
-    assert '"prompt": "h\\u00e9l"' in escaped and json.loads(escaped) == result
+    assert '\n  "prompt": "h\\u00e9l",\n' in escaped and json.loads(escaped) == result
 
 
 @pytest.mark.parametrize(

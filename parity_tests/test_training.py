@@ -347,15 +347,17 @@ def test_the_head_and_loss_hold_one_logits_array_in_training_and_in_evaluation(k
     sizes = dict(max_len=16, d_model=8, n_heads=2, n_layers=1, d_ff=8, dtype="float32")
     model = model_class(model_class.config_class(4096, **sizes), seed=0)
     idx = np.random.default_rng(0).integers(0, 4096, (4, 16))
-    logits_bytes = idx.size * 4096 * 4  # one (B, T, V) float32 array
+    targets = np.roll(idx, -1, axis=1)
+    logits_bytes = idx.size * 4096 * 4  # one (B, T, V) float32 array: one block of the loss
     gradients_bytes = model.flat.nbytes
     for measured, other_bytes in ((model.loss, 0), (model.loss_and_grads, gradients_bytes)):
-        measured(idx, np.roll(idx, -1, axis=1))  # warm: caches built on first use
+        measured(idx, targets)  # warm: caches built on first use
         tracemalloc.start()
-        measured(idx, np.roll(idx, -1, axis=1))
+        measured(idx, targets)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert peak - other_bytes <= 1.5 * logits_bytes, (measured.__name__, peak / logits_bytes)
+    assert model.loss(idx, targets) == model.loss_and_grads(idx, targets)[0]  # the same bits
 
 
 def test_a_holdout_too_small_for_one_window_is_refused_before_training():
