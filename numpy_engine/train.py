@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -225,9 +226,12 @@ def _heldout_evaluation(heldout: tuple | None, batch_size: int, parallel: DataPa
     group = None if parallel is None else parallel.group
 
     def evaluate(state: TrainState) -> str:
+        start = time.perf_counter()
         loss = heldout_loss(state.model, heldout, rows, group)
         state.history["eval"].append({"step": state.step, "heldout_loss": loss})
-        return f"  held-out loss {loss:.4f}"
+        # its size and its cost on the progress line: a large held-out part takes a while
+        seconds, tokens = time.perf_counter() - start, state.model.count_targets(heldout[1])
+        return f"  held-out loss {loss:.4f} ({tokens} tokens, {seconds:.1f} s)"
 
     return evaluate
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import time
 import tracemalloc
 from dataclasses import replace
@@ -296,7 +297,8 @@ def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target
 
     monkeypatch.setattr(train, "random_windows", spy)
     cfg = CharTrainConfig(steps=6, context=8, batch_size=4, holdout=0.25, eval_every=4)
-    run = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None)
+    progress = io.StringIO()
+    run = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=progress)
     corpus = CharCorpus(HELD_OUT_TEXT)
     held_out_ids = [corpus.index["c"], corpus.index["d"]]
     assert len(seen) == 6 and not np.isin(np.stack(seen), held_out_ids).any()
@@ -313,6 +315,10 @@ def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target
     result = run.result
     assert result["heldout_targets"] == 99
     assert result["heldout_loss"] == run.history["eval"][-1]["heldout_loss"]
+    shown = re.findall(
+        r"step +(\d+)/6 .* held-out loss (\S+) \(99 tokens, \d+\.\d s\)\n", progress.getvalue()
+    )
+    assert shown == [(str(e["step"]), f"{e['heldout_loss']:.4f}") for e in run.history["eval"]]
     assert abs(result["heldout_loss"] - total / 99) <= 1e-6 * total / 99
 
 
