@@ -109,13 +109,10 @@ def linear_cross_entropy(
     their own gradient in place, a block of rows at a time; unfused, the loss holds four (N, V)
     arrays (for GPT-2's 50257 classes at batch 4 x 64, 51 MB each).
     See docs/gradients.md#cross-entropy."""
-    C, V = x.shape[-1], weight.shape[0]
-    x2 = x.reshape(-1, C)  # (N, C)
+    x2 = x.reshape(-1, x.shape[-1])  # (N, C)
     safe_targets, counted, n_counted = _counted_targets(targets, ignore_index)
     dlogits, readout = linear_forward(x2, weight, bias, affine)  # (N, V): the logits, for now
-    loss_sum = 0.0
-    for rows in slices(len(x2), V * dlogits.itemsize, FUSED_BLOCK_BYTES):
-        loss_sum += _dlogits_in_place(dlogits[rows], safe_targets[rows], counted[rows], n_counted)
+    loss_sum = _by_blocks(_dlogits_in_place, dlogits, safe_targets, counted, n_counted)
     dx, grads = linear_backward(dlogits, readout)  # forward was logits = x2 @ weight.T + bias
     return loss_sum / n_counted, dx.reshape(x.shape), grads
 
@@ -128,16 +125,25 @@ def linear_cross_entropy_loss(
     ignore_index: int,
     affine: tuple | None = None,
 ) -> float:
-    """linear_cross_entropy's loss alone, for evaluation: the same values in the same order,
-    so the same bits, and one (N, V) array (the logits, turned into exp(z - max) in place)
-    where cross_entropy_forward over linear_forward's logits holds four."""
-    C = x.shape[-1]
+    """linear_cross_entropy's loss alone, for evaluation: the same values in the same blocks
+    and order, so the same bits, and one (N, V) array (the logits, turned into exp(z - max)
+    in place) where cross_entropy_forward over linear_forward's logits holds four."""
     safe_targets, counted, n_counted = _counted_targets(targets, ignore_index)
-    logits, _ = linear_forward(x.reshape(-1, C), weight, bias, affine)  # (N, V)
+    logits, _ = linear_forward(x.reshape(-1, x.shape[-1]), weight, bias, affine)  # (N, V)
+    return _by_blocks(_block_loss, logits, safe_targets, counted) / n_counted
+
+
+def _by_blocks(transform, logits: np.ndarray, safe_targets, counted, *more) -> float:
+    """The sum of transform(block of logits, its targets, its counted rows, *more) over the
+    row blocks of FUSED_BLOCK_BYTES: each block transformed in place while it is in cache."""
     loss_sum = 0.0
     for rows in slices(len(logits), logits.shape[1] * logits.itemsize, FUSED_BLOCK_BYTES):
-        loss_sum += _loss_in_place(logits[rows], safe_targets[rows], counted[rows])[0]
-    return loss_sum / n_counted
+        loss_sum += transform(logits[rows], safe_targets[rows], counted[rows], *more)
+    return loss_sum
+
+
+def _block_loss(z: np.ndarray, targets: np.ndarray, counted: np.ndarray) -> float:
+    return _loss_in_place(z, targets, counted)[0]
 
 
 def _loss_in_place(z: np.ndarray, targets: np.ndarray, counted: np.ndarray) -> tuple:
