@@ -347,8 +347,8 @@ def test_the_head_and_loss_hold_one_logits_array_in_training_and_in_evaluation(k
     alone), never hold a second (B, T, V) array: at GPT-2's 50257 classes that is 51 MB
     each at batch 4 x 64. A wide vocabulary over a tiny trunk makes the logits nearly all
     that a step allocates; the unfused loss, logits -> cross_entropy_forward, peaks at 4.07
-    logits arrays here, and the fused ones at 1.07 (evaluation) and 1.23 (training, with
-    the gradients' 0.27)."""
+    logits arrays here, and the fused ones at 1.07 (evaluation) and 1.23 (training, the
+    gradients' 0.13 (GPT2) or 0.27 (MiniGPT) included)."""
     model_class = getattr(ne.models, kind)
     sizes = dict(max_len=16, d_model=8, n_heads=2, n_layers=1, d_ff=8, dtype="float32")
     model = model_class(model_class.config_class(4096, **sizes), seed=0)
