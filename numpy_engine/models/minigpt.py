@@ -109,10 +109,12 @@ class MiniGPT(Model):
         logits, head = linear_forward(x, *self._head(), cache.head_affine)  # (B, T, V)
         return logits, cache._replace(head=head, logits_shape=logits.shape)
 
-    def _trunk_forward(self, idx: np.ndarray) -> tuple:
+    def _trunk_forward(self, idx: np.ndarray, keep_blocks: bool = True) -> tuple:
         """Everything before the head: (final_norm's output (B, T, C), its GPTCache, whose
         head fields are still None). The output is without final_norm's scale and shift when
-        the cache's head_affine holds them, for the head to fold in (blocks.normed)."""
+        the cache's head_affine holds them, for the head to fold in (blocks.normed).
+        keep_blocks=False (evaluation): the cache keeps no block's, so each block's
+        activations are freed before the next runs; the output is the same."""
         cfg, p = self.config, self.params
         idx = checks.check_token_ids("idx", idx, cfg.vocab_size)
         if idx.shape[1] > cfg.max_len:
@@ -127,7 +129,9 @@ class MiniGPT(Model):
             x, block = self_attention_block_forward(
                 x, block_p, cfg.n_heads, visible, cfg.activation
             )
-            blocks.append(block)
+            if keep_blocks:
+                blocks.append(block)
+            del block  # else its activations go now, not once the next block has run
         x, final_norm, head_affine = normed(x, p, "final_norm", cfg.vocab_size)
         return x, GPTCache(tok_embed, pos_embed, blocks, final_norm, head_affine, None, None)
 
@@ -160,8 +164,8 @@ class MiniGPT(Model):
 
     def _loss(self, inputs: tuple, targets: np.ndarray) -> float:
         """_loss_and_grads' loss (the same bits) without the gradients: evaluation too holds
-        one (B, T, V) array at a time, not Model._loss's four."""
-        x, cache = self._trunk_forward(*inputs)
+        one (B, T, V) array at a time, not Model._loss's four, and one block's activations."""
+        x, cache = self._trunk_forward(*inputs, keep_blocks=False)
         targets = self._targets(targets, x)
         head, ignore = self._head(), self.ignore_index()
         return linear_cross_entropy_loss(x, *head, targets, ignore, cache.head_affine)
