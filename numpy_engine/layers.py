@@ -33,6 +33,9 @@ from numpy_engine.reductions import dot_last, mean_last, mean_leading, sum_leadi
 # copies had cost 14%. No copy for a few rows either (the KV cache's decoding step).
 SMALL_WEIGHT_ENTRIES, MANY_ROWS = 4096, 64
 
+# Decoding's few rows against a weight too large to stay in L2: row dots (np.vecdot).
+FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
+
 
 def linear_forward(
     x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, affine: tuple | None = None
@@ -45,15 +48,27 @@ def linear_forward(
     if affine is not None:
         return _folded_forward(x, weight, bias, affine)
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
-    weight_t = weight.T  # (in, out)
-    if weight.size <= SMALL_WEIGHT_ENTRIES and len(x2) >= MANY_ROWS:
-        weight_t = np.copy(weight_t, order="C")  # not np.ascontiguousarray: see call_count.py
-    out = x2 @ weight_t  # (N, out)
+    if _few_rows(len(x2), weight.shape):
+        out = np.vecdot(weight, x2[:, None, :])  # (N, out): out[n, o] = W[o] . x[n]
+    else:
+        out = _product(x2, weight)
     if bias is not None:
         out += bias  # in place: a second (N, out) temporary costs about as much as the add
     out = out.reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
     cache = (x, weight, bias is not None)
     return out, cache
+
+
+def _few_rows(rows: int, weight_shape: tuple) -> bool:
+    return rows <= FEW_ROWS and weight_shape[0] * weight_shape[1] >= LARGE_WEIGHT_ENTRIES
+
+
+def _product(x2: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x2 (N, in) @ weight.T: (N, out)."""
+    weight_t = weight.T  # (in, out)
+    if weight.size <= SMALL_WEIGHT_ENTRIES and len(x2) >= MANY_ROWS:
+        weight_t = np.copy(weight_t, order="C")  # not np.ascontiguousarray: see call_count.py
+    return x2 @ weight_t
 
 
 def linear_backward(dout: np.ndarray, cache: tuple, zero_sum: slice | None = None) -> tuple:

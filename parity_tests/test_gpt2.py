@@ -21,6 +21,7 @@ from transformers import GPT2Config as HFConfig
 from transformers import GPT2LMHeadModel
 
 from crosscheck.compare import float32_checks
+from numpy_engine import layers
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.hf import engine_params_from_hf, import_hf
 from numpy_engine.models import IGNORE_INDEX
@@ -179,7 +180,12 @@ def test_the_tied_head_gradient_is_the_sum_of_both_uses():
 SMALL = dict(vocab_size=11, n_embd=8, n_head=2, n_layer=2, n_positions=12)
 
 
-def test_kv_cached_logits_match_transformers_past_key_values():
+@pytest.mark.parametrize("row_dots", [False, True], ids=["products", "row dots"])
+def test_kv_cached_logits_match_transformers_past_key_values(row_dots, monkeypatch):
+    """row_dots: every decoding step's linear takes the path GPT-2's large weights take
+    (layers.LARGE_WEIGHT_ENTRIES), here on SMALL's."""
+    if row_dots:
+        monkeypatch.setattr(layers, "LARGE_WEIGHT_ENTRIES", 1)
     case = Case(SMALL, 5)
     prompt = np.array([[1, 7, 3], [4, 4, 9]])
     new_ids = np.array([[2, 5, 8, 10], [0, 6, 6, 1]])  # fed one at a time

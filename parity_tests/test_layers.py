@@ -45,6 +45,19 @@ def test_linear(affine, B, T, c_in, c_out, seed):
     check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False, affine=affine), rng)
 
 
+@given(B=st.integers(1, 2), T=st.integers(1, 2), c_in=small, c_out=small, seed=seeds)
+@example(B=2, T=2, c_in=3, c_out=2, seed=0)
+def test_linear_on_few_rows_as_row_dots(B, T, c_in, c_out, seed):
+    """Decoding's path (at most FEW_ROWS rows against a large weight: np.vecdot), made to
+    run on small weights, against torch and finite differences."""
+    rng = rng_of(seed)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(L, "LARGE_WEIGHT_ENTRIES", 1)
+        assert L._few_rows(B * T, (c_out, c_in))
+        check_layer(cases.linear(rng, B, T, c_in, c_out), rng)
+        check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
+
+
 @given(B=small, T=small, C=small, V=st.integers(2, 9), bias=st.booleans(), seed=seeds)
 def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, seed):
     """linear_cross_entropy against linear -> cross-entropy -> their backwards, float64; with
