@@ -8,6 +8,7 @@ layer's case is built in layer_cases.py.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import pytest
@@ -246,6 +247,31 @@ def test_blocks_fold_layernorms_only_into_small_projections_of_many_rows():
     assert blocks.normed(np.ones((4, 64, 768)), p, "ln", 2304)[2] is None
     p = {"ln.weight": np.ones(32), "ln.bias": np.zeros(32)}
     assert blocks.normed(np.ones((32, 4, 32)), p, "ln", 32)[2] is None
+
+
+@pytest.mark.parametrize(
+    "x_shape, weight_shape, row_dots",
+    [
+        ((1, 1, 768), (50257, 768), True),  # GPT-2 decoding one sequence: the tied head
+        ((1, 1, 3072), (768, 3072), True),  # and a wide weight (fc2)
+        ((2, 2, 256), (2048, 256), True),  # 4 rows, 2**19 entries
+        ((1, 5, 256), (2048, 256), False),  # 5 rows: a prompt, the product
+        ((4, 1, 256), (2047, 256), False),  # one row of the weight short of 2**19 entries
+        ((1, 1, 64), (256, 64), False),  # MiniGPT decoding: a weight that stays in L2
+    ],
+)
+def test_linear_takes_row_dots_for_few_rows_against_a_large_weight(
+    x_shape, weight_shape, row_dots, monkeypatch
+):
+    """linear_forward's rule (layers.FEW_ROWS, LARGE_WEIGHT_ENTRIES), which only speed
+    tells apart: at most 4 rows of x, counted over every leading axis, against a weight of
+    2**19 entries or more, are multiplied as row dots; anything else is the matrix product."""
+    products = []
+    monkeypatch.setattr(L, "_product", lambda x2, w: products.append(x2.shape) or x2 @ w.T)
+    x, weight = np.ones(x_shape, np.float32), np.ones(weight_shape, np.float32)
+    out, _ = L.linear_forward(x, weight, None)
+    assert out.shape == (*x_shape[:-1], weight_shape[0]) and out[(0,) * out.ndim] == x_shape[-1]
+    assert products == ([] if row_dots else [(math.prod(x_shape[:-1]), x_shape[-1])])
 
 
 def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
