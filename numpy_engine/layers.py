@@ -33,7 +33,11 @@ from numpy_engine.reductions import dot_last, mean_last, mean_leading, sum_leadi
 # copies had cost 14%. No copy for a few rows either (the KV cache's decoding step).
 SMALL_WEIGHT_ENTRIES, MANY_ROWS = 4096, 64
 
-# Decoding's few rows against a weight too large to stay in L2: row dots (np.vecdot).
+# Decoding's few rows against a weight too large to stay in L2 (GPT-2's, read from memory
+# at every token): row dots, np.vecdot. OpenBLAS's x @ W.T streamed the (50257, 768) head at
+# ~15 GB/s for one row, np.vecdot at ~27; for 2-4 rows it leaves its small-matrix kernels
+# for a packed product 2.4-3.8x one row's time. Weights that stay in cache multiply faster
+# as products (docs/performance.md, section 3a).
 FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 
 
@@ -60,6 +64,7 @@ def linear_forward(
 
 
 def _few_rows(rows: int, weight_shape: tuple) -> bool:
+    """Whether linear_forward multiplies rows of x by a (out, in) weight as row dots."""
     return rows <= FEW_ROWS and weight_shape[0] * weight_shape[1] >= LARGE_WEIGHT_ENTRIES
 
 
