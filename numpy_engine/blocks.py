@@ -13,6 +13,7 @@ import numpy as np
 
 from numpy_engine.attention import (
     KeysValues,
+    KeyValueBuffer,
     cross_attention_backward,
     cross_attention_forward,
     self_attention_backward,
@@ -88,7 +89,7 @@ def self_attention_block_forward(
     n_heads: int,
     visible: np.ndarray,
     activation: str,
-    past: KeysValues | None = None,
+    past: KeysValues | KeyValueBuffer | None = None,
     for_backward: bool = True,
 ) -> tuple:
     """The encoder block, and under a causal mask MiniGPT's decoder-only block.
@@ -138,7 +139,7 @@ def decoder_block_forward(
     self_visible: np.ndarray,
     memory_visible: np.ndarray,
     activation: str,
-    past: KeysValues | None = None,
+    past: KeysValues | KeyValueBuffer | None = None,
     memory_kv: KeysValues | None = None,
     for_backward: bool = True,
 ) -> tuple:

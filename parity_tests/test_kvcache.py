@@ -85,12 +85,33 @@ def test_sampled_tokens_are_the_same_with_and_without_the_cache(case, kwargs):
 
 
 def test_the_cache_really_skips_recomputation():
-    """A cached step feeds one position: its keys grow by one per step."""
+    """A cached step feeds one position: its keys grow by one per step, written after the
+    earlier ones in the same buffer (no copy of them each step)."""
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1, max_len=16, dtype="float64"), seed=0)
     decoder = model.decoder(np.array([[1, 2, 3]]))
+    first_keys = decoder.kv[0].k.copy()
     for expected_length in (4, 5, 6):
+        earlier = decoder.kv[0].k
         decoder.append(np.array([4]))
         assert decoder.kv[0].k.shape[2] == expected_length
+        assert np.shares_memory(decoder.kv[0].k, earlier)
+    np.testing.assert_array_equal(decoder.kv[0].k[:, :, :3], first_keys)
+
+
+def test_a_key_value_buffer_is_the_concatenation_and_refuses_to_overflow():
+    from numpy_engine.attention import KeysValues, KeyValueBuffer
+
+    rng = np.random.default_rng(0)
+    start = KeysValues(*rng.standard_normal((2, 2, 3, 2, 4)))  # (B, H, L, hs) = (2, 3, 2, 4)
+    new = rng.standard_normal((2, 2, 3, 1, 4))
+    buffer = KeyValueBuffer(start, capacity=3)
+    for got, expected in zip(buffer.extended(*new), start.extended(*new), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert buffer.length == 3 and buffer.k.shape == (2, 3, 3, 4)
+    with pytest.raises(ValueError, match="4 positions do not fit a capacity of 3"):
+        buffer.extended(*new)
+    with pytest.raises(ValueError, match="2 positions do not fit a capacity of 1"):
+        KeyValueBuffer(start, capacity=1)
 
 
 def test_no_backward_through_past_keys_and_values():

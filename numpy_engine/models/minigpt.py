@@ -11,7 +11,12 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine import checks
-from numpy_engine.attention import causal_visible, keys_values, prestacked_qkv
+from numpy_engine.attention import (
+    KeyValueBuffer,
+    causal_visible,
+    keys_values,
+    prestacked_qkv,
+)
 from numpy_engine.blocks import (
     normed,
     normed_backward,
@@ -281,6 +286,7 @@ class CachedGPTDecoder:
             x, block = self_attention_block_forward(
                 x, self.blocks[i], cfg.n_heads, visible, cfg.activation, past, for_backward=False
             )
-            self.kv[i] = keys_values(block.attn)
+            if past is None:  # a window's first run: later steps write into this buffer
+                self.kv[i] = KeyValueBuffer(keys_values(block.attn), cfg.max_len)
         self.length = start + n
         return readout_last(x, (p["final_norm.weight"], p["final_norm.bias"]), self.model._head())
