@@ -84,6 +84,22 @@ def test_sampled_tokens_are_the_same_with_and_without_the_cache(case, kwargs):
     np.testing.assert_array_equal(cached, generate(model, case.idx, 10, use_cache=False, **kwargs))
 
 
+def test_a_two_token_prompt_is_masked_causally_in_the_cached_decoder():
+    """The cached decoder's prompt of 2 positions gets its causal mask: were the first to
+    see the second, the second layer's keys and values, and so the logits, would differ
+    from the full window's (the Hypothesis cases above need not draw this one)."""
+    config = ne.GPTConfig(7, d_model=8, n_heads=2, d_ff=8, n_layers=2, max_len=8, dtype="float64")
+    model = ne.MiniGPT(config, seed=0)
+    randomize_params(model, np.random.default_rng(0))
+    prompt = np.array([[3, 5]])
+    full, cached = model.decoder(prompt, use_cache=False), model.decoder(prompt)
+    for next_id in (1, 6):
+        assert_same_logits("MiniGPT", cached.next_logits(), full.next_logits())
+        full.append(np.array([next_id]))
+        cached.append(np.array([next_id]))
+    assert_same_logits("MiniGPT", cached.next_logits(), full.next_logits())
+
+
 def test_the_cache_really_skips_recomputation():
     """A cached step feeds one position: its keys grow by one per step, written after the
     earlier ones in the same buffer (no copy of them each step)."""
