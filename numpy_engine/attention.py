@@ -346,6 +346,10 @@ class KeyValueBuffer:
     def k(self) -> np.ndarray:
         return self._k[:, :, : self.length]  # (B, H, L, hs), a view
 
+    @property
+    def v(self) -> np.ndarray:
+        return self._v[:, :, : self.length]  # (B, H, L, hs), a view
+
     def extended(self, k: np.ndarray, v: np.ndarray) -> tuple:
         """Write k, v (B, H, n, hs) after the positions so far; (keys, values) of all, views."""
         start, end = self.length, self.length + k.shape[2]
