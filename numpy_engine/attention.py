@@ -357,7 +357,7 @@ class KeyValueBuffer:
             raise InputError(f"{end} positions do not fit a capacity of {self._k.shape[2]}")
         self._k[:, :, start:end], self._v[:, :, start:end] = k, v
         self.length = end
-        return self._k[:, :, :end], self._v[:, :, :end]
+        return self.k, self.v
 
 
 def keys_values(cache: SelfAttentionCache | CrossAttentionCache) -> KeysValues:
