@@ -174,8 +174,10 @@ def test_sigterm_stops_a_run_its_tests_and_removes_the_copies(tmp_path):
 
         def test_relu_backward_sleeps_when_broken():
             if relu_backward(1.0, 0.5) == 0:  # the mutant x > 1
-                with open(os.environ["STARTED"], "w") as started:
+                with open(os.environ["STARTED"] + ".part", "w") as started:
                     started.write(str(os.getpid()))
+                # whole or not there: the test waits for the file, then reads the pid
+                os.replace(os.environ["STARTED"] + ".part", os.environ["STARTED"])
                 time.sleep(60)
         """,
     )
