@@ -40,6 +40,15 @@ SMALL_WEIGHT_ENTRIES, MANY_ROWS = 4096, 64
 # as products (docs/performance.md, section 3a).
 FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 
+# 2 to 32 rows against a weight of 32K entries or more (batched decoding, a short prompt, a
+# small batch): OpenBLAS's x @ W.T on the (out, in) weight leaves its small-matrix kernels
+# there for a packed product of up to 10x one row's time; the same product as W @ x.T, an
+# (out, N) array then copied into (N, out), took 0.35-0.80 of its time with the weight in
+# cache and 0.50-0.97 with it in memory. It lost under 32K entries (char-lm's weights) at
+# 2-4 rows, and past 32 rows on GPT-2's weights read from memory (docs/performance.md,
+# section 3a).
+SOME_ROWS, MID_WEIGHT_ENTRIES = 32, 2**15
+
 
 def linear_forward(
     x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, affine: tuple | None = None
@@ -54,6 +63,8 @@ def linear_forward(
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
     if _few_rows(len(x2), weight.shape):
         out = np.vecdot(weight, x2[:, None, :])  # (N, out): out[n, o] = W[o] . x[n]
+    elif _some_rows(len(x2), weight.shape):
+        out = _transposed_product(x2, weight)
     else:
         out = _product(x2, weight)
     if bias is not None:
@@ -66,6 +77,16 @@ def linear_forward(
 def _few_rows(rows: int, weight_shape: tuple) -> bool:
     """Whether linear_forward multiplies rows of x by a (out, in) weight as row dots."""
     return rows <= FEW_ROWS and weight_shape[0] * weight_shape[1] >= LARGE_WEIGHT_ENTRIES
+
+
+def _some_rows(rows: int, weight_shape: tuple) -> bool:
+    """Whether linear_forward multiplies rows of x by a (out, in) weight as W @ x.T."""
+    return 1 < rows <= SOME_ROWS and weight_shape[0] * weight_shape[1] >= MID_WEIGHT_ENTRIES
+
+
+def _transposed_product(x2: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x2 (N, in) @ weight.T as (weight @ x2.T).T, copied into (N, out) rows."""
+    return np.copy((weight @ x2.T).T, order="C")
 
 
 def _product(x2: np.ndarray, weight: np.ndarray) -> np.ndarray:

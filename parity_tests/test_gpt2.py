@@ -180,12 +180,17 @@ def test_the_tied_head_gradient_is_the_sum_of_both_uses():
 SMALL = dict(vocab_size=11, n_embd=8, n_head=2, n_layer=2, n_positions=12)
 
 
-@pytest.mark.parametrize("row_dots", [False, True], ids=["products", "row dots"])
-def test_kv_cached_logits_match_transformers_past_key_values(row_dots, monkeypatch):
-    """row_dots: every decoding step's linear takes the path GPT-2's large weights take
-    (layers.LARGE_WEIGHT_ENTRIES), here on SMALL's."""
-    if row_dots:
-        monkeypatch.setattr(layers, "LARGE_WEIGHT_ENTRIES", 1)
+@pytest.mark.parametrize(
+    "large_weights",
+    ["", "LARGE_WEIGHT_ENTRIES", "MID_WEIGHT_ENTRIES"],
+    ids=["products", "row dots", "transposed products"],
+)
+def test_kv_cached_logits_match_transformers_past_key_values(large_weights, monkeypatch):
+    """large_weights: SMALL's weights take the linear's path for weights of that many entries
+    (layers): every decoding step's rows as row dots, or the prompt's and the steps' as
+    W @ x.T, as GPT-2's do."""
+    if large_weights:
+        monkeypatch.setattr(layers, large_weights, 1)
     case = Case(SMALL, 5)
     prompt = np.array([[1, 7, 3], [4, 4, 9]])
     new_ids = np.array([[2, 5, 8, 10], [0, 6, 6, 1]])  # fed one at a time

@@ -59,6 +59,19 @@ def test_linear_on_few_rows_as_row_dots(B, T, c_in, c_out, seed):
         check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
 
 
+@given(B=small, T=st.integers(2, 4), c_in=small, c_out=small, seed=seeds)
+@example(B=1, T=2, c_in=3, c_out=2, seed=0)
+def test_linear_on_some_rows_as_a_transposed_product(B, T, c_in, c_out, seed):
+    """The path of 2 to SOME_ROWS rows against a mid-size weight (W @ x.T, copied into rows),
+    made to run on small weights, against torch and finite differences."""
+    rng = rng_of(seed)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(L, "MID_WEIGHT_ENTRIES", 1)
+        assert L._some_rows(B * T, (c_out, c_in)) and not L._few_rows(B * T, (c_out, c_in))
+        check_layer(cases.linear(rng, B, T, c_in, c_out), rng)
+        check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
+
+
 @given(B=small, T=small, C=small, V=st.integers(2, 9), bias=st.booleans(), seed=seeds)
 def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, seed):
     """linear_cross_entropy against linear -> cross-entropy -> their backwards, float64; with
@@ -250,28 +263,40 @@ def test_blocks_fold_layernorms_only_into_small_projections_of_many_rows():
 
 
 @pytest.mark.parametrize(
-    "x_shape, weight_shape, row_dots",
+    "x_shape, weight_shape, path",
     [
-        ((1, 1, 768), (50257, 768), True),  # GPT-2 decoding one sequence: the tied head
-        ((1, 1, 3072), (768, 3072), True),  # and a wide weight (fc2)
-        ((2, 2, 256), (2048, 256), True),  # 4 rows, 2**19 entries
-        ((1, 5, 256), (2048, 256), False),  # 5 rows: a prompt, the product
-        ((4, 1, 256), (2047, 256), False),  # one row of the weight short of 2**19 entries
-        ((1, 1, 64), (256, 64), False),  # MiniGPT decoding: a weight that stays in L2
+        ((1, 1, 768), (50257, 768), "row dots"),  # GPT-2 decoding one sequence: the tied head
+        ((1, 1, 3072), (768, 3072), "row dots"),  # and a wide weight (fc2)
+        ((2, 2, 256), (2048, 256), "row dots"),  # 4 rows, 2**19 entries
+        ((1, 5, 256), (2048, 256), "transposed"),  # 5 rows: a short prompt
+        ((4, 1, 256), (2047, 256), "transposed"),  # one row of the weight short of 2**19
+        ((2, 16, 768), (2304, 768), "transposed"),  # 32 rows: a small batch
+        ((3, 11, 768), (2304, 768), "product"),  # 33 rows
+        ((8, 1, 128), (256, 128), "transposed"),  # batched decoding, 2**15 entries
+        ((8, 1, 128), (255, 128), "product"),  # one row of the weight short of 2**15
+        ((1, 1, 256), (1024, 256), "product"),  # one row: a matrix-vector product
+        ((1, 1, 64), (256, 64), "product"),  # MiniGPT decoding: a weight that stays in L2
     ],
 )
-def test_linear_takes_row_dots_for_few_rows_against_a_large_weight(
-    x_shape, weight_shape, row_dots, monkeypatch
+def test_linear_chooses_its_product_by_rows_and_weight_size(
+    x_shape, weight_shape, path, monkeypatch
 ):
-    """linear_forward's rule (layers.FEW_ROWS, LARGE_WEIGHT_ENTRIES), which only speed
-    tells apart: at most 4 rows of x, counted over every leading axis, against a weight of
-    2**19 entries or more, are multiplied as row dots; anything else is the matrix product."""
-    products = []
-    monkeypatch.setattr(L, "_product", lambda x2, w: products.append(x2.shape) or x2 @ w.T)
-    x, weight = np.ones(x_shape, np.float32), np.ones(weight_shape, np.float32)
+    """linear_forward's rule, which only speed tells apart (layers.FEW_ROWS,
+    LARGE_WEIGHT_ENTRIES, SOME_ROWS, MID_WEIGHT_ENTRIES): rows of x are counted over every
+    leading axis; at most 4 against a weight of 2**19 entries or more are row dots; 2 to 32
+    against one of 2**15 or more are W @ x.T; anything else is x @ W.T."""
+    taken = []
+    for name in ("_product", "_transposed_product"):
+        chosen = getattr(L, name)
+        monkeypatch.setattr(L, name, lambda x2, w, f=chosen, n=name: taken.append(n) or f(x2, w))
+    rng = rng_of(0)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    weight = rng.standard_normal(weight_shape).astype(np.float32)
     out, _ = L.linear_forward(x, weight, None)
-    assert out.shape == (*x_shape[:-1], weight_shape[0]) and out[(0,) * out.ndim] == x_shape[-1]
-    assert products == ([] if row_dots else [(math.prod(x_shape[:-1]), x_shape[-1])])
+    expected = {"row dots": [], "transposed": ["_transposed_product"], "product": ["_product"]}
+    assert taken == expected[path]
+    assert out.shape == (*x_shape[:-1], weight_shape[0]) and out.flags.c_contiguous
+    np.testing.assert_allclose(out, x @ weight.T, rtol=2e-5, atol=2e-5 * math.sqrt(x_shape[-1]))
 
 
 def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
