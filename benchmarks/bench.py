@@ -229,6 +229,6 @@ def main(configs: list[str], steps: int, warmup: int, threads: int, memory: bool
     if small:
         print(table(summary))
     if gpt2.WORKLOAD in configs:  # against transformers, not torch_reference
-        summary[gpt2.WORKLOAD] = gpt2.run(max(3, steps // 10), threads, memory)  # ~3 s a step
+        summary[gpt2.WORKLOAD] = gpt2.run(max(3, steps // 2), threads, memory)  # ~6 s a pair
         print(gpt2.table(summary[gpt2.WORKLOAD]))
     return summary

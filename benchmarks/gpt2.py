@@ -211,7 +211,7 @@ def table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    steps = steps_argument(argv, "python -m benchmarks.gpt2", __doc__, 4, "timed training steps")
+    steps = steps_argument(argv, "python -m benchmarks.gpt2", __doc__, 20, "timed training steps")
     print(table(run(steps=steps, threads=1, memory=True)))
 
 

@@ -207,6 +207,25 @@ def test_bench_data_parallel_writes_its_json_too(tmp_path, monkeypatch, capsys):
     assert "--data-parallel measures char-lm and large" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, pairs", [([], 20), (["--steps", "7"], 3), (["--steps", "9"], 4)])
+def test_bench_times_gpt2_for_half_the_steps(argv, pairs, monkeypatch, capsys):
+    """gpt2's pairs vary by 10-20%: the default (40 steps) times 20 of them, at least 3. The
+    measurement is replaced here; what is checked is the count it is asked for."""
+    from benchmarks import gpt2
+
+    result = dict(engine_ms=2400.0, torch_ms=3000.0, ratio=0.8, ratio_middle_half=(0.7, 0.9))
+    result |= dict(engine_tokens_per_s=38.0, torch_tokens_per_s=24.0, same_tokens=True)
+    asked = []
+    monkeypatch.setattr(
+        gpt2,
+        "run",
+        lambda *args: asked.append(args) or result | {"pairs": args[0], "processor": "x"},
+    )
+    assert bench_command(["bench", "--configs", "gpt2", "--no-memory", *argv]) == 0
+    assert asked == [(pairs, 1, False)]
+    assert f"of its {pairs} pairs 0.70-0.90" in capsys.readouterr().out
+
+
 def test_call_count_counts_each_call_from_the_callers_side_once():
     """Operators, in-place operators, reductions, matmul, NumPy functions and indexing each
     count once; np.where's inner calls do not; views and attributes do not. `.mean()`, a
