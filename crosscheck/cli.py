@@ -97,7 +97,7 @@ def add_bench_command(commands) -> None:
         nargs="+",
         choices=["copy", "char-lm", "large", "gpt2"],
         default=["copy", "char-lm", "large"],
-        help="default: copy, char-lm, large (gpt2 takes about five minutes more)",
+        help="default: copy, char-lm, large (gpt2 takes about three minutes more)",
     )
     bench.add_argument(
         "--steps",
