@@ -103,8 +103,8 @@ def add_bench_command(commands) -> None:
         "--steps",
         type=positive_int,
         default=40,
-        help="timed steps per config (default: 40); large times a fifth, gpt2 half: its "
-        "pairs disagree by 10-20 percent, and fewer than about 20 do not measure a few",
+        help="timed steps per config (default: 40); large times a fifth, gpt2 half (its "
+        "pairs disagree by 10-20 percent: fewer than 20 do not measure a few percent)",
     )
     bench.add_argument(
         "--threads", type=positive_int, default=1, help="BLAS and torch threads (default: 1)"
