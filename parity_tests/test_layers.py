@@ -270,8 +270,8 @@ def test_blocks_fold_layernorms_only_into_small_projections_of_many_rows():
         ((2, 2, 256), (2048, 256), "row dots"),  # 4 rows, 2**19 entries
         ((1, 5, 256), (2048, 256), "transposed"),  # 5 rows: a short prompt
         ((4, 1, 256), (2047, 256), "transposed"),  # one row of the weight short of 2**19
-        ((2, 16, 768), (2304, 768), "transposed"),  # 32 rows: a small batch
-        ((3, 11, 768), (2304, 768), "product"),  # 33 rows
+        ((2, 32, 768), (2304, 768), "transposed"),  # 64 rows: a prompt, a small batch
+        ((5, 13, 768), (2304, 768), "product"),  # 65 rows
         ((8, 1, 128), (256, 128), "transposed"),  # batched decoding, 2**15 entries
         ((8, 1, 128), (255, 128), "product"),  # one row of the weight short of 2**15
         ((1, 1, 256), (1024, 256), "product"),  # one row: a matrix-vector product
@@ -283,7 +283,7 @@ def test_linear_chooses_its_product_by_rows_and_weight_size(
 ):
     """linear_forward's rule, which only speed tells apart (layers.FEW_ROWS,
     LARGE_WEIGHT_ENTRIES, SOME_ROWS, MID_WEIGHT_ENTRIES): rows of x are counted over every
-    leading axis; at most 4 against a weight of 2**19 entries or more are row dots; 2 to 32
+    leading axis; at most 4 against a weight of 2**19 entries or more are row dots; 2 to 64
     against one of 2**15 or more are W @ x.T; anything else is x @ W.T."""
     taken = []
     for name in ("_product", "_transposed_product"):
