@@ -226,6 +226,29 @@ def test_bench_times_gpt2_for_half_the_steps(argv, pairs, monkeypatch, capsys):
     assert f"of its {pairs} pairs 0.70-0.90" in capsys.readouterr().out
 
 
+def test_linear_paths_times_each_path_and_names_the_one_linear_forward_takes(monkeypatch):
+    from benchmarks import linear_paths as lp
+
+    monkeypatch.setattr(lp, "CALL_ENTRIES", 1)  # one call a timing: the sizes, not the times
+    results = lp.measure(shapes=[(8, 4), (2048, 256)], rows_list=[1, 3, 9], cold_bytes=1 << 16)
+    assert [(r["weight"], r["rows"], r["taken"]) for r in results] == [
+        ((8, 4), 1, "product"),
+        ((8, 4), 3, "product"),
+        ((8, 4), 9, "product"),
+        ((2048, 256), 1, "row dots"),  # 2**19 entries
+        ((2048, 256), 3, "row dots"),
+        ((2048, 256), 9, "transposed"),
+    ]
+    times = [t for r in results for place in ("cache", "memory") for t in r[place].values()]
+    assert len(times) == 36 and min(times) > 0
+    assert len(lp.table(results).splitlines()) == 2 + len(results)
+    slow = {"row dots": 1.0, "transposed": 2.0, "product": 1.3}
+    fake = {"weight": (4, 4), "rows": 2, "taken": "product", "cache": slow, "memory": slow}
+    assert lp.table([fake]).splitlines()[-1].endswith("product   1.30*  1.30*")
+    fake["taken"] = "row dots"
+    assert lp.table([fake]).splitlines()[-1].endswith("row dots   1.00   1.00 ")
+
+
 def test_call_count_counts_each_call_from_the_callers_side_once():
     """Operators, in-place operators, reductions, matmul, NumPy functions and indexing each
     count once; np.where's inner calls do not; views and attributes do not. `.mean()`, a
@@ -349,6 +372,7 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
         ("gpt2", ["four"], "argument steps: invalid positive_int value: 'four'"),
         ("generate", ["--tokens", "-3"], "argument --tokens: must be a positive integer, got -3"),
         ("generate", ["--json", "/"], "argument --json: '/' is a directory, not a file"),
+        ("linear_paths", ["64"], "unrecognized arguments: 64"),
     ],
 )
 def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, capsys):
