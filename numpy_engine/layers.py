@@ -45,8 +45,8 @@ FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 # (one thread, float32); the same product as W @ x.T, an (out, N) array then copied into
 # (N, out), took 0.27-0.99 of its time, the weight in cache or in memory, the gain
 # shrinking with the rows: even at 96-128. Under 32K entries (char-lm's weights) it lost at
-# 2-4 rows, and by 1-4 us at 2-3 rows on a (384, 128) weight. `python -m benchmarks.linear_paths` times the three paths of linear_forward
-# (docs/performance.md, section 3a).
+# 2-4 rows, and by 1-4 us at 2-3 rows on a (384, 128) weight. `python -m
+# benchmarks.linear_paths` times linear_forward's three paths (docs/performance.md, 3a).
 SOME_ROWS, MID_WEIGHT_ENTRIES = 64, 2**15
 
 
