@@ -242,11 +242,36 @@ def test_linear_paths_times_each_path_and_names_the_one_linear_forward_takes(mon
     times = [t for r in results for place in ("cache", "memory") for t in r[place].values()]
     assert len(times) == 36 and min(times) > 0
     assert len(lp.table(results).splitlines()) == 2 + len(results)
-    slow = {"row dots": 1.0, "transposed": 2.0, "product": 1.3}
+    slow = {"row dots": 2.0, "transposed": 4.0, "product": 2.6}
     fake = {"weight": (4, 4), "rows": 2, "taken": "product", "cache": slow, "memory": slow}
     assert lp.table([fake]).splitlines()[-1].endswith("product   1.30*  1.30*")
     fake["taken"] = "row dots"
     assert lp.table([fake]).splitlines()[-1].endswith("row dots   1.00   1.00 ")
+
+
+def test_linear_paths_cycles_its_weights_and_times_a_call_of_each(monkeypatch):
+    """In memory: as many copies of the weight as cold_bytes holds; either way the cycle
+    repeats them to cover CALL_ENTRIES rows x entries; a call's time is the cycle's / its
+    length. Paths that record their operands stand in for the products, a fixed clock for
+    the timing."""
+    from benchmarks import linear_paths as lp
+
+    seen = []
+    record = lambda x, w: seen.append((x.shape, id(w)))  # noqa: E731
+    monkeypatch.setattr(lp, "PATHS", {"row dots": record, "product": record})
+    monkeypatch.setattr(lp, "best_seconds", lambda fn: (fn(), 0.003)[1])
+    monkeypatch.setattr(lp, "CALL_ENTRIES", 7000)
+    (result,) = lp.measure(shapes=[(10, 20)], rows_list=[3], cold_bytes=4000)
+    in_cache, in_memory = seen[:11], seen[22:32]  # each cycle's first path
+    assert len(seen) == 2 * 11 + 2 * 10  # 7000 // (3 x 200) = 11 calls; 2 x 5 copies
+    assert {shape for shape, _ in seen} == {(3, 20)}
+    assert len({w for _, w in in_cache}) == 1 and len({w for _, w in in_memory}) == 5
+    assert result["cache"] == {"row dots": 1e6 * 0.003 / 11, "product": 1e6 * 0.003 / 11}
+    assert result["memory"] == {"row dots": 300.0, "product": 300.0}
+    seen.clear()  # a weight larger than cold_bytes, calls longer than CALL_ENTRIES: one of each
+    monkeypatch.setattr(lp, "CALL_ENTRIES", 1)
+    lp.measure(shapes=[(10, 20)], rows_list=[3], cold_bytes=100)
+    assert len(seen) == 4 and len({w for _, w in seen[2:]}) == 1
 
 
 def test_call_count_counts_each_call_from_the_callers_side_once():
