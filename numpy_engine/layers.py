@@ -42,12 +42,14 @@ FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 
 # 2 to 64 rows against a weight of 32K entries or more (batched decoding, a prompt, a small
 # batch): there OpenBLAS's x @ W.T on the (out, in) weight took up to 10x one row's time
-# (one thread, float32); the same product as W @ x.T, an (out, N) array then copied into
-# (N, out), took 0.27-0.99 of its time, the weight in cache or in memory, the gain
-# shrinking with the rows: even at 96-128. Under 32K entries (char-lm's weights) it lost at
-# 2-4 rows, and by 1-4 us at 2-3 rows on a (384, 128) weight. `python -m
-# benchmarks.linear_paths` times linear_forward's three paths (docs/performance.md, 3a).
-SOME_ROWS, MID_WEIGHT_ENTRIES = 64, 2**15
+# (one thread, float32); the same product as W @ x.T on blocks of 512 outputs, each block's
+# (512, N) product copied into its columns of the (N, out) result, took 0.11-0.96 of its
+# time on weights of 196K entries or more, in cache or in memory, the gain shrinking with
+# the rows: even at 96-128. Under 32K entries (char-lm's weights) it lost at 2-4 rows, and
+# by 2 us at 2-3 rows on a (384, 128) weight. The blocks also keep a language model's head
+# to one logits array. `python -m benchmarks.linear_paths` times linear_forward's three
+# paths (docs/performance.md, section 3a).
+SOME_ROWS, MID_WEIGHT_ENTRIES, TRANSPOSED_OUTPUTS = 64, 2**15, 512
 
 
 def linear_forward(
@@ -85,8 +87,14 @@ def _some_rows(rows: int, weight_shape: tuple) -> bool:
 
 
 def _transposed_product(x2: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """x2 (N, in) @ weight.T as (weight @ x2.T).T, copied into (N, out) rows."""
-    return np.copy((weight @ x2.T).T, order="C")
+    """x2 (N, in) @ weight.T as weight @ x2.T, TRANSPOSED_OUTPUTS outputs at a time: each
+    block's (outputs, N) product is copied into its columns of the (N, out) result, so no
+    second (N, out) array exists (a language model's head: a second logits array)."""
+    out = np.empty((len(x2), len(weight)), np.result_type(x2, weight))
+    for start in range(0, len(weight), TRANSPOSED_OUTPUTS):
+        stop = start + TRANSPOSED_OUTPUTS
+        out[:, start:stop] = (weight[start:stop] @ x2.T).T
+    return out
 
 
 def _product(x2: np.ndarray, weight: np.ndarray) -> np.ndarray:

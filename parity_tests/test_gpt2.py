@@ -188,9 +188,10 @@ SMALL = dict(vocab_size=11, n_embd=8, n_head=2, n_layer=2, n_positions=12)
 def test_kv_cached_logits_match_transformers_past_key_values(large_weights, monkeypatch):
     """large_weights: SMALL's weights take the linear's path for weights of that many entries
     (layers): every decoding step's rows as row dots, or the prompt's and the steps' as
-    W @ x.T, as GPT-2's do."""
+    W @ x.T (in blocks of 5 outputs, the last one short), as GPT-2's do."""
     if large_weights:
         monkeypatch.setattr(layers, large_weights, 1)
+        monkeypatch.setattr(layers, "TRANSPOSED_OUTPUTS", 5)
     case = Case(SMALL, 5)
     prompt = np.array([[1, 7, 3], [4, 4, 9]])
     new_ids = np.array([[2, 5, 8, 10], [0, 6, 6, 1]])  # fed one at a time

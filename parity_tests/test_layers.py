@@ -63,10 +63,12 @@ def test_linear_on_few_rows_as_row_dots(B, T, c_in, c_out, seed):
 @example(B=1, T=2, c_in=3, c_out=2, seed=0)
 def test_linear_on_some_rows_as_a_transposed_product(B, T, c_in, c_out, seed):
     """The path of 2 to SOME_ROWS rows against a mid-size weight (W @ x.T, copied into rows),
-    made to run on small weights, against torch and finite differences."""
+    made to run on small weights, in blocks of 2 outputs (a short last block where c_out is
+    odd), against torch and finite differences."""
     rng = rng_of(seed)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(L, "MID_WEIGHT_ENTRIES", 1)
+        patch.setattr(L, "TRANSPOSED_OUTPUTS", 2)
         assert L._some_rows(B * T, (c_out, c_in)) and not L._few_rows(B * T, (c_out, c_in))
         check_layer(cases.linear(rng, B, T, c_in, c_out), rng)
         check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
