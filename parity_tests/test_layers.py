@@ -74,6 +74,16 @@ def test_linear_on_some_rows_as_a_transposed_product(B, T, c_in, c_out, seed):
         check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
 
 
+@pytest.mark.parametrize("x_dtype, weight_dtype", [("float32", "float64"), ("float64", "float32")])
+def test_linear_on_some_rows_gives_the_products_dtype(x_dtype, weight_dtype, monkeypatch):
+    """The transposed product writes into an array it makes: of x @ W.T's dtype, as the
+    other paths return, whichever of x and the weight is the wider."""
+    monkeypatch.setattr(L, "MID_WEIGHT_ENTRIES", 1)
+    x, weight = np.full((2, 3), 0.1, x_dtype), np.full((4, 3), 0.1, weight_dtype)
+    out, _ = L.linear_forward(x, weight, None)
+    assert out.dtype == np.float64 and np.array_equal(out, x @ weight.T)
+
+
 @given(B=small, T=small, C=small, V=st.integers(2, 9), bias=st.booleans(), seed=seeds)
 def test_fused_readout_and_loss_equals_the_layers_it_fuses(B, T, C, V, bias, seed):
     """linear_cross_entropy against linear -> cross-entropy -> their backwards, float64; with
