@@ -44,8 +44,8 @@ FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 # batch): there OpenBLAS's x @ W.T on the (out, in) weight took up to 10x one row's time
 # (one thread, float32); the same product as W @ x.T on blocks of 512 outputs, each block's
 # (512, N) product copied into its columns of the (N, out) result, took 0.11-0.96 of its
-# time on weights of 196K entries or more, in cache or in memory, the gain shrinking with
-# the rows: even at 96-128. Under 32K entries (char-lm's weights) it lost at 2-4 rows, and
+# time on weights of 196K entries or more, in cache or in memory, the gain shrinking as the
+# rows grow, to none at 96-128. Under 32K entries (char-lm's weights) it lost at 2-4 rows, and
 # by 2 us at 2-3 rows on a (384, 128) weight. The blocks also keep a language model's head
 # to one logits array. `python -m benchmarks.linear_paths` times linear_forward's three
 # paths (docs/performance.md, section 3a).
