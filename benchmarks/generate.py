@@ -2,6 +2,7 @@
 
     python -m benchmarks.generate                  # 256 tokens, context 128, one BLAS thread
     python -m benchmarks.generate --tokens 32 --context 16 --repeats 1     # a quick look
+    python -m benchmarks.generate --tokens 100 --batch 8 --d-model 256     # batched decoding
 
 All three generate greedily from the same weights and must produce the same tokens.
 MiniGPT's positions are learned and absolute: once the text outgrows the context, the
@@ -56,13 +57,23 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--threads", type=count, default=1, help="BLAS / torch threads (default 1)")
     parser.add_argument(
+        "--batch", type=count, default=1, help="prompts decoded together (default 1)"
+    )
+    parser.add_argument(
+        "--d-model",
+        type=count,
+        default=64,
+        help="MiniGPT width, 4 heads, FFN 4x (default 64; 256 is the large config's width)",
+    )
+    parser.add_argument(
         "--json", type=new_file_path, metavar="FILE", help="also write the results here"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model = ne.MiniGPT(ne.GPTConfig(vocab_size=13, max_len=args.context), seed=0)
+    width = dict(d_model=args.d_model, d_ff=4 * args.d_model)
+    model = ne.MiniGPT(ne.GPTConfig(vocab_size=13, max_len=args.context, **width), seed=0)
     module = torch_model_for(model)
-    prompt = np.array([[1]])
+    prompt = np.arange(args.batch)[:, None] % 13  # (batch, 1): a different first token a row
     with threadpool_limits(args.threads):
         paths = {
             "engine, KV cache": lambda: generate(model, prompt, args.tokens),
@@ -75,13 +86,13 @@ def main(argv: list[str] | None = None) -> dict:
     outputs = [out for _, out in results.values()]
     same = all(np.array_equal(outputs[0], out) for out in outputs[1:])
     rows = {
-        name: {"seconds": sec, "tokens_per_second": args.tokens / sec}
+        name: {"seconds": sec, "tokens_per_second": args.batch * args.tokens / sec}
         for name, (sec, _) in results.items()
     }
     base = rows["engine, no cache"]["tokens_per_second"]
     print(
-        f"MiniGPT (d_model 64, 3 layers, context {args.context}), {args.tokens} tokens, "
-        f"{args.threads} thread(s); same tokens on all paths: {same}"
+        f"MiniGPT (d_model {args.d_model}, 3 layers, context {args.context}), {args.tokens} "
+        f"tokens x batch {args.batch}, {args.threads} thread(s); same tokens on all paths: {same}"
     )
     print(f"{'path':<28} {'tokens/s':>10} {'vs no cache':>12}")
     for name, row in rows.items():
@@ -89,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:<28} {speed:>10.1f} {speed / base:>11.2f}x")
     summary = {
         "tokens": args.tokens,
+        "batch": args.batch,
+        "d_model": args.d_model,
         "context": args.context,
         "threads": args.threads,
         "same_tokens": same,

@@ -28,6 +28,18 @@ def test_generation_benchmark_runs_and_all_paths_agree(capsys):
     assert "tokens/s" in capsys.readouterr().out
 
 
+def test_generation_benchmark_decodes_a_batch_at_a_width(capsys):
+    """--batch B prompts at --d-model C: tokens/s counts every row's tokens, and the three
+    paths still agree (here through the transposed products of 2-64 rows: at width 128 the
+    q, k, v and FFN weights have 49K-66K entries)."""
+    argv = ["--tokens", "5", "--context", "8", "--repeats", "1", "--batch", "3", "--d-model", "128"]
+    summary = generate_benchmark.main(argv)
+    assert summary["same_tokens"] is True and (summary["batch"], summary["d_model"]) == (3, 128)
+    for row in summary["paths"].values():
+        assert row["tokens_per_second"] == pytest.approx(15 / row["seconds"], rel=1e-12)
+    assert "5 tokens x batch 3" in capsys.readouterr().out
+
+
 def test_train_step_benchmark_one_step_smoke(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert (
