@@ -1,6 +1,7 @@
 """Where a training step's time goes: the engine's by part, torch's by part, and a floor.
 
-For one workload (benchmarks/workloads.py, or gpt2), one thread:
+For one workload (benchmarks/workloads.py, or gpt2), on one thread (`--threads N`: NumPy's
+BLAS and torch on N threads; NumPy's elementwise passes stay on one core):
 
 - **engine**: the step alone, then again with each layer function timed (its own time,
   without the layer functions it calls; the timing adds ~1 us a call): linear, attention
@@ -20,6 +21,7 @@ For one workload (benchmarks/workloads.py, or gpt2), one thread:
   the engine, making its calls, not faster than the sum.
 
     python -m benchmarks.where_time_goes copy char-lm large gpt2
+    python -m benchmarks.where_time_goes large --threads 2
 
 gpt2 (benchmarks/gpt2.py's workload) is timed against transformers' GPT2LMHeadModel.
 """
@@ -38,6 +40,7 @@ import numpy as np
 from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
 from benchmarks.matmul_floor import best_seconds
+from numpy_engine.cli_args import positive_int
 
 ENGINE_PARTS = {  # part: functions timed, by module
     "linear": {
@@ -319,6 +322,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="CONFIG",
         help=f"workloads to report, of {', '.join(known)} (default: {' '.join(default)})",
     )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="BLAS and torch threads (default: 1, the speed issue's bars)",
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.configs if name not in known]
     if unknown:  # not choices=: Python 3.11 checks an empty list against them
@@ -330,10 +339,11 @@ def main(argv: list[str] | None = None) -> None:
     from numpy_engine.memory import keep_freed_memory
 
     keep_freed_memory()
-    torch.set_num_threads(1)
-    with threadpool_limits(1):
+    torch.set_num_threads(args.threads)
+    with threadpool_limits(args.threads):
         # the parts' sizes depend on the processor as much as on the code (docs/performance.md)
-        print(f"one thread; {workloads.processor_name()}", flush=True)
+        threads = "one thread" if args.threads == 1 else f"{args.threads} threads"
+        print(f"{threads}; {workloads.processor_name()}", flush=True)
         for name in args.configs or default:
             print(report(name, steps=STEPS.get(name, 50)), flush=True)
 

@@ -359,6 +359,36 @@ def test_where_time_goes_names_the_processor_before_its_reports(monkeypatch, cap
     ]
 
 
+def test_where_time_goes_sets_the_threads_it_is_given(monkeypatch, capsys):
+    """--threads N: BLAS and torch take N threads while the reports run, and the first line
+    says how many."""
+    import contextlib
+
+    import threadpoolctl
+    import torch
+
+    from benchmarks import where_time_goes as W
+    from benchmarks import workloads
+
+    asked = {"torch": [], "blas": []}
+
+    @contextlib.contextmanager
+    def limits(n):
+        asked["blas"].append(n)
+        yield
+
+    monkeypatch.setattr(torch, "set_num_threads", asked["torch"].append)
+    monkeypatch.setattr(threadpoolctl, "threadpool_limits", limits)
+    monkeypatch.setattr(W, "report", lambda name, steps: f"report of {name}")
+    monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
+    W.main(["char-lm", "--threads", "2"])
+    assert capsys.readouterr().out.splitlines() == [
+        "2 threads; Some CPU, 2 cores",
+        "report of char-lm",
+    ]
+    assert asked == {"torch": [2], "blas": [2]}
+
+
 def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
     """benchmarks/ab.py: the revision's packages come out renamed, with no import left that
     would load the working tree's code instead; a run prints both sides; a bad revision is
@@ -405,6 +435,11 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
     "module, argv, named",
     [
         ("where_time_goes", ["copy", "tiny"], "unknown configs ['tiny']"),
+        (
+            "where_time_goes",
+            ["--threads", "0"],
+            "argument --threads: must be a positive integer, got 0",
+        ),
         ("parallel", ["0"], "argument steps: must be a positive integer, got 0"),
         ("gpt2", ["four"], "argument steps: invalid positive_int value: 'four'"),
         ("generate", ["--tokens", "-3"], "argument --tokens: must be a positive integer, got -3"),
