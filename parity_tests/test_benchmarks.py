@@ -361,7 +361,7 @@ def test_where_time_goes_names_the_processor_before_its_reports(monkeypatch, cap
 
 def test_where_time_goes_sets_the_threads_it_is_given(monkeypatch, capsys):
     """--threads N: BLAS and torch take N threads while the reports run, and the first line
-    says how many."""
+    says how many; freed memory is kept for the next step, as in the bench and in training."""
     import contextlib
 
     import threadpoolctl
@@ -369,8 +369,10 @@ def test_where_time_goes_sets_the_threads_it_is_given(monkeypatch, capsys):
 
     from benchmarks import where_time_goes as W
     from benchmarks import workloads
+    from numpy_engine import memory
 
-    asked = {"torch": [], "blas": []}
+    asked = {"torch": [], "blas": [], "memory kept": []}
+    monkeypatch.setattr(memory, "keep_freed_memory", lambda: asked["memory kept"].append(True))
 
     @contextlib.contextmanager
     def limits(n):
@@ -386,7 +388,7 @@ def test_where_time_goes_sets_the_threads_it_is_given(monkeypatch, capsys):
         "2 threads; Some CPU, 2 cores",
         "report of char-lm",
     ]
-    assert asked == {"torch": [2], "blas": [2]}
+    assert asked == {"torch": [2], "blas": [2], "memory kept": [True]}
 
 
 def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
