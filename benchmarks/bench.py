@@ -200,7 +200,7 @@ def table(summary: dict) -> str:
             else f"{'-':>10} {'-':>9}"
         )
         lines.append(
-            f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.2f} "
+            f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.3f} "
             f"{spread(r['ratio_middle_half']):>12} {r['flops_per_step'] / 1e6:>11.1f} "
             f"{r['engine_gflops']:>8.2f} "
             f"{r['engine_peak_fraction']:>8.1%} {mem} {r['numpy_calls']:>9}"

@@ -202,7 +202,7 @@ def table(r: dict) -> str:
     return (
         f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}; {r['processor']}): engine "
         f"{r['engine_ms']:.0f} ms, transformers {r['torch_ms']:.0f} ms a training step, "
-        f"ratio {r['ratio']:.2f} (the middle half of its {r['pairs']} pairs "
+        f"ratio {r['ratio']:.3f} (the middle half of its {r['pairs']} pairs "
         f"{spread(r['ratio_middle_half'])}){memory}\n"
         f"gpt2 generation ({PROMPT}-token prompt, {NEW_TOKENS} new, greedy, KV cache): engine "
         f"{r['engine_tokens_per_s']:.1f} tokens/s, transformers {r['torch_tokens_per_s']:.1f} "
