@@ -121,7 +121,7 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
 def middle_half(numerators: list[float], denominators: list[float]) -> tuple[float, float]:
     """(first, third) quartile of the pairs' ratios: how much the pairs disagree. Printed
     beside their median because a few pairs mislead: runs of 4 GPT-2 pairs of nearly the
-    same code read 0.79 to 1.04 (docs/performance.md, section 2). One pair: its ratio twice."""
+    same code read 0.79 to 1.04 (docs/performance-log.md, section 2). One pair: its ratio twice."""
     ratios = [a / b for a, b in zip(numerators, denominators, strict=True)]
     if len(ratios) == 1:
         return ratios[0], ratios[0]

@@ -37,7 +37,7 @@ SMALL_WEIGHT_ENTRIES, MANY_ROWS = 4096, 64
 # at every token): row dots, np.vecdot. OpenBLAS's x @ W.T streamed the (50257, 768) head at
 # ~15 GB/s for one row, np.vecdot at ~27; for 2-4 rows it leaves its small-matrix kernels
 # for a packed product 2.4-3.8x one row's time. Weights that stay in cache multiply faster
-# as products (docs/performance.md, section 3a).
+# as products (docs/performance.md, section 3).
 FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 
 # 2 to 64 rows against a weight of 32K entries or more (batched decoding, a prompt, a small
@@ -48,7 +48,7 @@ FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 # rows grow, to none at 96-128. Under 32K entries (char-lm's weights) it lost at 2-4 rows, and
 # by 2 us at 2-3 rows on a (384, 128) weight. The blocks also keep a language model's head
 # to one logits array. `python -m benchmarks.linear_paths` times linear_forward's three
-# paths (docs/performance.md, section 3a).
+# paths (docs/performance.md, section 3).
 SOME_ROWS, MID_WEIGHT_ENTRIES, TRANSPOSED_OUTPUTS = 64, 2**15, 512
 
 

@@ -45,7 +45,7 @@ def aligned_empty(shape: int | tuple[int, ...], dtype) -> np.ndarray:
     """np.empty(shape, dtype) whose data starts on a cache line (64 bytes).
 
     NumPy's arrays start on 16 bytes, so three in four start inside a line, and so does every
-    wide store into them. Measured on the Intel machine (docs/performance.md), one thread:
+    wide store into them. Measured on the Intel machine (docs/performance-log.md), one thread:
     a + b into a (16K,) float32 array in L2 took 0.14 ns an entry when the output starts
     on a line and 0.27-0.29 when it does not; an in-place c += b 0.11 against 0.18. For the
     long-lived vectors the optimizer walks block by block (parameters, moments, scratch)."""
