@@ -117,14 +117,35 @@ def test_middle_half_is_the_quartiles_of_each_pairs_own_ratio():
     assert spread(middle_half([2, 2], [1, 4])) == "0.88-1.62"
 
 
-def test_bench_table_prints_each_ratio_to_three_decimals():
-    """The bars sit at two decimals (0.80, 0.30): a ratio of 0.8049 must not read 0.80."""
+def bench_summary(**configs) -> dict:
+    """A bench summary as run() makes it, with one row per config given as its overrides."""
     row = dict(engine_ms=3.22, torch_ms=4.0, ratio=0.8049, ratio_middle_half=(0.79, 0.82))
     row |= dict(flops_per_step=1e6, engine_gflops=0.31, engine_peak_fraction=0.01, numpy_calls=458)
-    summary = dict(threads=1, matmul_peak_gflops=100.0, processor="x", configs={"copy": row})
+    summary = dict(threads=1, matmul_peak_gflops=100.0, processor="x")
     summary["blas"] = {"numpy": "openblas", "torch": "mkl"}
-    cells = bench.table(summary).splitlines()[2].split()
+    summary["configs"] = {name: row | overrides for name, overrides in configs.items()}
+    return summary
+
+
+def test_bench_table_prints_each_ratio_to_three_decimals():
+    """The bars sit at two decimals (0.80, 0.30): a ratio of 0.8049 must not read 0.80."""
+    cells = bench.table(bench_summary(copy={})).splitlines()[2].split()
     assert cells[1:5] == ["3.22", "4.00", "0.805", "0.79-0.82"]
+
+
+def test_bench_table_prints_memory_and_floors_where_they_were_measured():
+    """Peak memory where it was measured (else "-"), and the matmul floor's table only for
+    the configs that have one, each row under its own name."""
+    memory = dict(engine_peak_mb=39.4, torch_peak_mb=313.0)
+    floor = dict(numpy_matmul_ms=1.5, torch_matmul_ms=2.0)
+    summary = bench_summary(copy=memory, tiny={}, **{"char-lm": floor, "large": floor})
+    lines = bench.table(summary).splitlines()
+    assert lines[2].split()[-3:] == ["39", "313", "458"]  # copy: engine MB, torch MB, calls
+    assert lines[3].split()[-3:] == ["-", "-", "458"]  # tiny: no memory measured
+    floors = [line.split() for line in lines[lines.index("") + 3 :]]
+    row = ["1.50", "2.00", "0.75", "1.72", "2.00"]  # products alone, their ratio, the rests
+    assert floors == [["char-lm", *row], ["large", *row]]
+    assert len(bench.table(bench_summary(copy=memory)).splitlines()) == 3  # no floor: no table
 
 
 def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
@@ -140,6 +161,9 @@ def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
         "engine 1764 ms, transformers 1866 ms a training step, ratio 0.805 "
         "(the middle half of its 20 pairs 0.90-0.98)"
     )
+    measured = result | dict(engine_peak_mb=2207.4, torch_peak_mb=3004.0)
+    with_memory = gpt2.table(measured).splitlines()[0]
+    assert with_memory == first_line + "; peak memory engine 2207 MB, torch 3004 MB"
 
 
 def test_alternate_on_one_thread_takes_one_step_each_in_turn(monkeypatch):
