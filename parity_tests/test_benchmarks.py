@@ -166,6 +166,87 @@ def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
     assert with_memory == first_line + "; peak memory engine 2207 MB, torch 3004 MB"
 
 
+def small_gpt2_benchmark(monkeypatch):
+    """benchmarks.gpt2 with a GPT-2 of gpt2's vocabulary but 8 wide and one layer: its steps
+    and decoding take milliseconds, where the 124M model's take seconds."""
+    from benchmarks import gpt2
+    from numpy_engine.models import GPT2, GPT2Config
+
+    config = GPT2Config(vocab_size=50257, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=128)
+    monkeypatch.setattr(gpt2, "engine_model", lambda: GPT2(config, seed=0))
+    return gpt2
+
+
+def recorded_gpt2_steps(monkeypatch, seconds: dict, engine_loss_shift: float = 0.0) -> list:
+    """small_gpt2_benchmark whose trainers record (side, batch) for each step they take, the
+    engine's loss shifted by engine_loss_shift; the k-th step of a side 'takes'
+    seconds[side][k] (workloads.timed replaced)."""
+    from benchmarks import workloads
+
+    gpt2 = small_gpt2_benchmark(monkeypatch)
+    calls = []
+    for side, trainer in (("engine", gpt2.EngineTrainer), ("torch", gpt2.TorchTrainer)):
+        shift = engine_loss_shift if side == "engine" else 0.0
+
+        def step(self, batch, side=side, real=trainer.step, shift=shift):
+            calls.append((side, int(batch[0].sum())))
+            return real(self, batch) + shift
+
+        monkeypatch.setattr(trainer, "step", step)
+
+    def timed(fn, i):
+        result = fn(i)
+        side = calls[-1][0]
+        return seconds[side][sum(name == side for name, _ in calls) - 1], result
+
+    monkeypatch.setattr(workloads, "timed", timed)
+    return calls
+
+
+def test_gpt2_benchmark_times_the_pairs_it_is_asked_for_after_one_to_warm_up(monkeypatch):
+    """One thread: engine and transformers take each batch in turn, a new batch each pair,
+    the first pair untimed; medians in ms, the ratio the median of the pairs' ratios."""
+    seconds = {"engine": [9.0, 0.004, 0.002, 0.003], "torch": [9.0, 0.010, 0.010, 0.004]}
+    calls = recorded_gpt2_steps(monkeypatch, seconds)
+    result = small_gpt2_benchmark(monkeypatch).time_steps(3, 1)
+    batches = [batch for _, batch in calls[::2]]
+    assert calls == [(side, batch) for batch in batches for side in ("engine", "torch")]
+    assert len(set(batches)) == 4
+    assert result["pairs"] == 3
+    assert result["engine_ms"] == pytest.approx(3.0) and result["torch_ms"] == pytest.approx(10.0)
+    assert result["ratio"] == pytest.approx(0.4)  # pairs 0.4, 0.2 and 0.75
+    assert result["ratio_middle_half"] == pytest.approx((0.3, 0.575))
+
+
+def test_gpt2_benchmark_refuses_to_time_steps_whose_losses_differ(monkeypatch):
+    """The two sides must take the same step: losses more than 1e-3 apart are not that."""
+    seconds = {side: [0.01] * 3 for side in ("engine", "torch")}
+    recorded_gpt2_steps(monkeypatch, seconds, engine_loss_shift=1.0)  # 11.8 against 10.8
+    with pytest.raises(AssertionError):
+        small_gpt2_benchmark(monkeypatch).time_steps(2, 1)
+
+
+def test_gpt2_benchmark_generates_the_same_greedy_tokens_on_both_sides(monkeypatch):
+    """From one 64-token prompt of batch 1, 64 new tokens a run after a 4-token warm-up;
+    tokens/s from the median run."""
+    import numpy_engine.generate
+
+    gpt2 = small_gpt2_benchmark(monkeypatch)
+    asked, real_generate = [], numpy_engine.generate.generate
+
+    def generate(model, prompt, new_tokens):
+        asked.append((prompt.shape, new_tokens))
+        return real_generate(model, prompt, new_tokens)
+
+    monkeypatch.setattr(numpy_engine.generate, "generate", generate)
+    runs = {"ours": iter([0.5, 0.25, 1.0]), "theirs": iter([2.0, 4.0, 1.0])}
+    monkeypatch.setattr(gpt2, "timed", lambda side, n: (next(runs[side.__name__]), side(n)))
+    result = gpt2.time_generation()
+    assert asked == [((1, 64), 4)] + [((1, 64), 64)] * 3
+    assert result["same_tokens"] is True
+    assert result["engine_tokens_per_s"] == 128.0 and result["torch_tokens_per_s"] == 32.0
+
+
 def test_alternate_on_one_thread_takes_one_step_each_in_turn(monkeypatch):
     calls, (engine, torch_) = alternated(1, 3, monkeypatch)
     assert calls == ["e0", "t0", "e1", "t1", "e2", "t2"]
