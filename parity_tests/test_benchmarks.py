@@ -6,6 +6,7 @@ import json
 import math
 import types
 
+import numpy as np
 import pytest
 
 from benchmarks import bench
@@ -14,7 +15,7 @@ from benchmarks.bench import CONFIGS, flops_per_step
 from benchmarks.matmul_floor import gpt_step_matmuls
 from benchmarks.workloads import middle_half, processor_name, spread
 from crosscheck.cli import main as bench_command
-from numpy_engine import GPTConfig, MiniGPT
+from numpy_engine import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
 from numpy_engine.cli import main
 
 
@@ -125,6 +126,47 @@ def bench_summary(**configs) -> dict:
     summary["blas"] = {"numpy": "openblas", "torch": "mkl"}
     summary["configs"] = {name: row | overrides for name, overrides in configs.items()}
     return summary
+
+
+def test_bench_times_each_side_after_the_warm_up_from_its_own_steps(monkeypatch):
+    """One thread: the engine and torch take batch i in turn, a new batch each pair, the
+    warm-up pairs untimed; medians in ms, the ratio the median of the pairs' ratios, GFLOP/s
+    from the medians. Each step 'takes' a known time (workloads.timed replaced)."""
+    from benchmarks import workloads
+
+    calls, real = [], {"engine": bench.engine_step, "torch": bench.torch_step}
+    optimizers, batch_types = {}, {}
+    for side in real:
+
+        def step(model, optimizer, batch, side=side):
+            calls.append((side, np.asarray(batch[0]).astype(np.int64).tobytes()))
+            optimizers[side], batch_types[side] = optimizer, type(batch[0]).__module__
+            return real[side](model, optimizer, batch)
+
+        monkeypatch.setattr(bench, f"{side}_step", step)
+    seconds = {"engine": [9, 9, 0.004, 0.002, 0.003], "torch": [9, 9, 0.010, 0.010, 0.004]}
+
+    def timed(fn, i):
+        result = fn(i)
+        side = calls[-1][0]
+        return seconds[side][sum(name == side for name, _ in calls) - 1], result
+
+    monkeypatch.setattr(workloads, "timed", timed)
+    result = bench.time_config(CONFIGS["copy"], 3, 2, 1)
+    assert [side for side, _ in calls] == ["engine", "torch"] * 5
+    batches = [batch for _, batch in calls]
+    assert batches[::2] == batches[1::2] and len(set(batches)) == 5
+    assert batch_types == {"engine": "numpy", "torch": "torch"}  # each side's own arrays
+    engine_optimizer, torch_optimizer = optimizers["engine"], optimizers["torch"]
+    assert type(torch_optimizer).__name__ == type(engine_optimizer).__name__ == "Adam"
+    assert torch_optimizer.param_groups[0]["lr"] == engine_optimizer.lr
+    assert result["engine_ms"] == pytest.approx(3.0) and result["torch_ms"] == pytest.approx(10.0)
+    assert result["ratio"] == pytest.approx(0.4)  # pairs 0.4, 0.2 and 0.75
+    assert result["ratio_middle_half"] == pytest.approx((0.3, 0.575))
+    flops = result["flops_per_step"]
+    assert flops == flops_per_step(CONFIGS["copy"], Seq2SeqTransformer(Seq2SeqConfig()))
+    assert result["engine_gflops"] == pytest.approx(flops / 3e6)
+    assert result["torch_gflops"] == pytest.approx(flops / 10e6)
 
 
 def test_bench_table_prints_each_ratio_to_three_decimals():
