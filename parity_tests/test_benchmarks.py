@@ -169,6 +169,59 @@ def test_bench_times_each_side_after_the_warm_up_from_its_own_steps(monkeypatch)
     assert result["torch_gflops"] == pytest.approx(flops / 10e6)
 
 
+def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeypatch):
+    """bench.run with its measurements replaced by recorders: large times a fifth of the
+    steps (at least 3), the warm-up at most the steps; every measurement on the threads
+    asked for; memory probed over 2 steps for large, 5 for the others; the matmul floor
+    for the configs that have one."""
+    import contextlib
+
+    asked = []
+    monkeypatch.setattr(bench, "keep_freed_memory", lambda: asked.append("keep_freed_memory"))
+    monkeypatch.setattr(bench.torch, "set_num_threads", lambda n: asked.append(("torch", n)))
+
+    @contextlib.contextmanager
+    def threadpool_limits(n):
+        asked.append(("blas", n))
+        yield
+
+    def time_config(cfg, steps, warmup, threads):
+        asked.append((cfg.name, steps, warmup, threads))
+        return {"engine_gflops": 10.0}
+
+    def peak_memory_mb(name, engine, steps, threads):
+        asked.append((name, engine, steps, threads))
+        return 1.5
+
+    monkeypatch.setattr(bench, "threadpool_limits", threadpool_limits)
+    monkeypatch.setattr(bench, "time_config", time_config)
+    monkeypatch.setattr(bench, "peak_memory_mb", peak_memory_mb)
+    monkeypatch.setattr(bench, "matmul_peak_gflops", lambda: 50.0)
+    monkeypatch.setattr(bench, "numpy_calls", lambda cfg: 7)
+    monkeypatch.setattr(bench, "matmul_floor", lambda cfg: {"floor": cfg.name})
+    for steps, large_steps in ((40, 8), (15, 3), (10, 3)):
+        asked.clear()
+        summary = bench.run(["copy", "large"], steps, warmup=5, threads=2, memory=True)
+        assert asked == [
+            "keep_freed_memory",
+            ("torch", 2),
+            ("blas", 2),
+            ("copy", steps, 5, 2),
+            ("large", large_steps, min(5, large_steps), 2),
+            ("copy", "engine", 5, 2),
+            ("copy", "torch", 5, 2),
+            ("large", "engine", 2, 2),
+            ("large", "torch", 2, 2),
+        ]
+        assert summary["threads"] == 2 and summary["matmul_peak_gflops"] == 50.0
+        copy, large = summary["configs"]["copy"], summary["configs"]["large"]
+        assert copy["steps_timed"] == steps and large["steps_timed"] == large_steps
+        for row in (copy, large):
+            assert row["engine_peak_fraction"] == 0.2 and row["numpy_calls"] == 7
+            assert row["engine_peak_mb"] == row["torch_peak_mb"] == 1.5
+        assert "floor" not in copy and large["floor"] == "large"
+
+
 def test_bench_table_prints_each_ratio_to_three_decimals():
     """The bars sit at two decimals (0.80, 0.30): a ratio of 0.8049 must not read 0.80."""
     cells = bench.table(bench_summary(copy={})).splitlines()[2].split()
