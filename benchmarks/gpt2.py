@@ -38,6 +38,7 @@ from numpy_engine.optim import AdamW
 WORKLOAD = "gpt2"  # its name for `numpy-engine bench --configs`
 BATCH, CONTEXT, LR = 4, 64, 1e-4
 PROMPT, NEW_TOKENS = 64, 64
+VOCAB = 50257  # gpt2's, engine_model()'s
 
 
 def engine_model() -> GPT2:
@@ -45,11 +46,12 @@ def engine_model() -> GPT2:
     return GPT2(config, seed=0)
 
 
-def batches(n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def batches(n: int, vocab_size: int = VOCAB) -> list[tuple[np.ndarray, np.ndarray]]:
+    """n seeded batches of (ids, next ids), BATCH x CONTEXT each."""
     rng = np.random.default_rng(0)
     out = []
     for _ in range(n):
-        ids = rng.integers(0, 50257, (BATCH, CONTEXT + 1))
+        ids = rng.integers(0, vocab_size, (BATCH, CONTEXT + 1))
         out.append((ids[:, :-1], ids[:, 1:]))
     return out
 
@@ -92,7 +94,7 @@ class TorchTrainer:
 def time_steps(steps: int, threads: int) -> dict:
     model = engine_model()
     engine, reference = EngineTrainer(model), TorchTrainer(model)
-    data = batches(steps + 1)
+    data = batches(steps + 1, model.config.vocab_size)
     sides = (
         lambda i: engine.step(data[i % len(data)]),
         lambda i: reference.step(data[i % len(data)]),
@@ -124,7 +126,7 @@ def time_generation() -> dict:
 
     model = engine_model()
     reference = TorchTrainer(model).hf.eval()
-    prompt = np.random.default_rng(1).integers(0, 50257, (1, PROMPT))
+    prompt = np.random.default_rng(1).integers(0, model.config.vocab_size, (1, PROMPT))
 
     def ours(new_tokens: int) -> np.ndarray:
         return generate(model, prompt, new_tokens)
