@@ -128,11 +128,23 @@ def bench_summary(**configs) -> dict:
     return summary
 
 
+def known_step_times(monkeypatch, calls: list, seconds: dict) -> None:
+    """workloads.timed replaced: a step runs, and its side's k-th step 'takes' seconds[side][k],
+    the side read from the (side, batch) that the step appended to calls."""
+    from benchmarks import workloads
+
+    def timed(fn, i):
+        result = fn(i)
+        side = calls[-1][0]
+        return seconds[side][sum(name == side for name, _ in calls) - 1], result
+
+    monkeypatch.setattr(workloads, "timed", timed)
+
+
 def test_bench_times_each_side_after_the_warm_up_from_its_own_steps(monkeypatch):
     """One thread: the engine and torch take batch i in turn, a new batch each pair, the
     warm-up pairs untimed; medians in ms, the ratio the median of the pairs' ratios, GFLOP/s
     from the medians. Each step 'takes' a known time (workloads.timed replaced)."""
-    from benchmarks import workloads
 
     calls, real = [], {"engine": bench.engine_step, "torch": bench.torch_step}
     optimizers, batch_types = {}, {}
@@ -146,12 +158,7 @@ def test_bench_times_each_side_after_the_warm_up_from_its_own_steps(monkeypatch)
         monkeypatch.setattr(bench, f"{side}_step", step)
     seconds = {"engine": [9, 9, 0.004, 0.002, 0.003], "torch": [9, 9, 0.010, 0.010, 0.004]}
 
-    def timed(fn, i):
-        result = fn(i)
-        side = calls[-1][0]
-        return seconds[side][sum(name == side for name, _ in calls) - 1], result
-
-    monkeypatch.setattr(workloads, "timed", timed)
+    known_step_times(monkeypatch, calls, seconds)
     result = bench.time_config(CONFIGS["copy"], 3, 2, 1)
     assert [side for side, _ in calls] == ["engine", "torch"] * 5
     batches = [batch for _, batch in calls]
@@ -276,7 +283,6 @@ def recorded_gpt2_steps(monkeypatch, seconds: dict, engine_loss_shift: float = 0
     """small_gpt2_benchmark whose trainers record (side, batch) for each step they take, the
     engine's loss shifted by engine_loss_shift; the k-th step of a side 'takes'
     seconds[side][k] (workloads.timed replaced)."""
-    from benchmarks import workloads
 
     gpt2 = small_gpt2_benchmark(monkeypatch)
     calls = []
@@ -289,12 +295,7 @@ def recorded_gpt2_steps(monkeypatch, seconds: dict, engine_loss_shift: float = 0
 
         monkeypatch.setattr(trainer, "step", step)
 
-    def timed(fn, i):
-        result = fn(i)
-        side = calls[-1][0]
-        return seconds[side][sum(name == side for name, _ in calls) - 1], result
-
-    monkeypatch.setattr(workloads, "timed", timed)
+    known_step_times(monkeypatch, calls, seconds)
     return calls
 
 
