@@ -145,7 +145,6 @@ def test_bench_times_each_side_after_the_warm_up_from_its_own_steps(monkeypatch)
     """One thread: the engine and torch take batch i in turn, a new batch each pair, the
     warm-up pairs untimed; medians in ms, the ratio the median of the pairs' ratios, GFLOP/s
     from the medians. Each step 'takes' a known time (workloads.timed replaced)."""
-
     calls, real = [], {"engine": bench.engine_step, "torch": bench.torch_step}
     optimizers, batch_types = {}, {}
     for side in real:
@@ -157,7 +156,6 @@ def test_bench_times_each_side_after_the_warm_up_from_its_own_steps(monkeypatch)
 
         monkeypatch.setattr(bench, f"{side}_step", step)
     seconds = {"engine": [9, 9, 0.004, 0.002, 0.003], "torch": [9, 9, 0.010, 0.010, 0.004]}
-
     known_step_times(monkeypatch, calls, seconds)
     result = bench.time_config(CONFIGS["copy"], 3, 2, 1)
     assert [side for side, _ in calls] == ["engine", "torch"] * 5
