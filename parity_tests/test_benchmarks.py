@@ -341,6 +341,84 @@ def test_gpt2_benchmark_generates_the_same_greedy_tokens_on_both_sides(monkeypat
     assert result["engine_tokens_per_s"] == 128.0 and result["torch_tokens_per_s"] == 32.0
 
 
+def test_gpt2_benchmark_run_measures_on_the_threads_asked_for(monkeypatch):
+    """gpt2.run with its measurements replaced by recorders: freed memory kept, torch and
+    BLAS on the threads asked for while steps and generation are timed, each side's peak
+    memory probed only when asked."""
+    import contextlib
+
+    import threadpoolctl
+    import torch
+
+    from benchmarks import gpt2
+
+    asked = []
+
+    @contextlib.contextmanager
+    def threadpool_limits(n):
+        asked.append(("blas", n))
+        yield
+        asked.append(("blas done", n))
+
+    def time_steps(steps, threads):
+        asked.append(("steps", steps, threads))
+        return {"ratio": 0.8}
+
+    def time_generation():
+        asked.append("generation")
+        return {"same_tokens": True}
+
+    def peak_memory_mb(side, threads):
+        asked.append((side, threads))
+        return {"engine": 2207.0, "torch": 3004.0}[side]
+
+    monkeypatch.setattr(gpt2, "keep_freed_memory", lambda: asked.append("keep_freed_memory"))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: asked.append(("torch", n)))
+    monkeypatch.setattr(threadpoolctl, "threadpool_limits", threadpool_limits)
+    monkeypatch.setattr(gpt2, "time_steps", time_steps)
+    monkeypatch.setattr(gpt2, "time_generation", time_generation)
+    monkeypatch.setattr(gpt2, "peak_memory_mb", peak_memory_mb)
+    monkeypatch.setattr(gpt2, "processor_name", lambda: "Some CPU, 2 cores")
+    timed = ["keep_freed_memory", ("torch", 2), ("blas", 2), ("steps", 20, 2), "generation"]
+    timed.append(("blas done", 2))
+    result = gpt2.run(20, 2, memory=False)
+    assert asked == timed
+    assert result == {"ratio": 0.8, "same_tokens": True, "processor": "Some CPU, 2 cores"}
+    asked.clear()
+    result = gpt2.run(20, 2, memory=True)
+    assert asked == [*timed, ("engine", 2), ("torch", 2)]
+    assert result["engine_peak_mb"] == 2207.0 and result["torch_peak_mb"] == 3004.0
+
+
+def test_gpt2_memory_probe_runs_each_side_in_a_fresh_process_on_its_threads(monkeypatch):
+    """Each side's peak memory comes from a process of its own, BLAS and OpenMP on the
+    threads asked for (and torch's own), the engine's never importing torch; the last line
+    it prints is the peak."""
+    import subprocess
+    import sys
+
+    from benchmarks import gpt2
+
+    runs = []
+
+    def run(argv, **kwargs):
+        runs.append((argv, kwargs))
+        printed = "a log line\nanother\n2207.5\n"
+        return subprocess.CompletedProcess(argv, 0, stdout=printed, stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert gpt2.peak_memory_mb("engine", 2) == 2207.5
+    assert gpt2.peak_memory_mb("torch", 3) == 2207.5
+    probe = "from benchmarks.gpt2 import memory_probe; memory_probe({!r})"
+    assert [argv for argv, _ in runs] == [
+        [sys.executable, "-c", probe.format("engine")],
+        [sys.executable, "-c", "import torch; torch.set_num_threads(3); " + probe.format("torch")],
+    ]
+    for (_, kwargs), threads in zip(runs, ("2", "3"), strict=True):
+        assert kwargs["env"]["OPENBLAS_NUM_THREADS"] == kwargs["env"]["OMP_NUM_THREADS"] == threads
+        assert kwargs["check"] is True and kwargs["capture_output"] and kwargs["text"]
+
+
 def test_alternate_on_one_thread_takes_one_step_each_in_turn(monkeypatch):
     calls, (engine, torch_) = alternated(1, 3, monkeypatch)
     assert calls == ["e0", "t0", "e1", "t1", "e2", "t2"]
