@@ -3,8 +3,9 @@ timed against each other on this machine, with the one the engine takes for each
 
 - row dots, np.vecdot(W, x[:, None, :]): at most FEW_ROWS rows against a weight of
   LARGE_WEIGHT_ENTRIES or more (GPT-2's decoding);
-- transposed, W @ x.T copied into (N, out) rows: 2 to SOME_ROWS rows against a weight of
-  MID_WEIGHT_ENTRIES or more (batched decoding, short prompts, small batches);
+- transposed, W @ x.T on blocks of TRANSPOSED_OUTPUTS outputs, each copied into its columns
+  of the (N, out) result: 2 to SOME_ROWS rows against a weight of MID_WEIGHT_ENTRIES or more
+  (batched decoding, prompts, small batches);
 - product, x @ W.T: everything else (training's many rows, small weights, one row).
 
 Each case twice: with the weight in cache (one weight, called again and again, as a small
@@ -27,7 +28,7 @@ from benchmarks.matmul_floor import best_seconds
 from numpy_engine import layers
 
 PATHS = {
-    "row dots": lambda x, weight: np.vecdot(weight, x[:, None, :]),
+    "row dots": layers._row_dots,
     "transposed": layers._transposed_product,
     "product": layers._product,
 }

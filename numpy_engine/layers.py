@@ -64,7 +64,7 @@ def linear_forward(
         return _folded_forward(x, weight, bias, affine)
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
     if _few_rows(len(x2), weight.shape):
-        out = np.vecdot(weight, x2[:, None, :])  # (N, out): out[n, o] = W[o] . x[n]
+        out = _row_dots(x2, weight)
     elif _some_rows(len(x2), weight.shape):
         out = _transposed_product(x2, weight)
     else:
@@ -79,6 +79,11 @@ def linear_forward(
 def _few_rows(rows: int, weight_shape: tuple) -> bool:
     """Whether linear_forward multiplies rows of x by a (out, in) weight as row dots."""
     return rows <= FEW_ROWS and weight_shape[0] * weight_shape[1] >= LARGE_WEIGHT_ENTRIES
+
+
+def _row_dots(x2: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x2 (N, in) @ weight.T as N x out dot products: out[n, o] = W[o] . x[n]."""
+    return np.vecdot(weight, x2[:, None, :])  # (out, in) with (N, 1, in): (N, out)
 
 
 def _some_rows(rows: int, weight_shape: tuple) -> bool:
