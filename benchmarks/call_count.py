@@ -33,12 +33,16 @@ class Counted(np.ndarray):
 
     calls: collections.Counter = collections.Counter()
     products: list = []  # (left shape, right shape, dtype) of each outermost matmul or np.dot
+    tape: list | None = None  # while recorded_step runs: each outermost call, as `run` below
     _depth = 0  # > 0 inside a counted call: the calls it makes itself are not counted
 
     @classmethod
     def _count(cls, name: str, run):
+        """Count the call `name` and make it: run() makes it on plain arrays."""
         if cls._depth == 0:
             cls.calls[name] += 1
+            if cls.tape is not None:
+                cls.tape.append(run)
         cls._depth += 1
         try:
             return run()
@@ -111,8 +115,68 @@ def calls_per_step(model, optimizer, batch, step) -> tuple[collections.Counter, 
     model.params = unflatten(model.flat, params)
     Counted.calls.clear()
     Counted.products.clear()
+    if Counted.tape is not None:  # recorded_step's: from here on, as the counts
+        Counted.tape.clear()
     try:
         step(model, optimizer, tuple(np.asarray(x).view(Counted) for x in batch))
     finally:
         model.flat, model.params = flat, params
     return collections.Counter(Counted.calls), list(Counted.products)
+
+
+def recorded_step(model, optimizer, batch, step) -> list:
+    """The outermost NumPy calls of step(model, optimizer, batch), in order, as calls_per_step
+    counts them: each a function of no arguments that makes its call again, on the arrays
+    the recorded step made and read (the calls' results, in-place ones included)."""
+    Counted.tape = []
+    try:
+        calls_per_step(model, optimizer, batch, step)
+        return Counted.tape
+    finally:
+        Counted.tape = None
+
+
+def replay(tape: list) -> None:
+    """Make the recorded calls again, back to back, with no Python between them but this
+    loop's. An IndexError is the one that ended a Python loop over an array in the recorded
+    step (iteration calls the array's __getitem__, a counted call, until it raises)."""
+    for call in tape:
+        try:
+            call()
+        except IndexError:
+            pass
+
+
+def bound_arrays(tape: list) -> list[np.ndarray]:
+    """Every writeable array the recorded calls read or write, as a plain array, once each:
+    what an in-place call can change, for a replay to put back first (snapshot, restore)."""
+    found: dict[int, np.ndarray] = {}
+
+    def collect(value) -> None:
+        if isinstance(value, np.ndarray):
+            plain = value.view(np.ndarray)
+            if plain.flags.writeable:
+                found.setdefault(id(value), plain)
+        elif isinstance(value, tuple | list):
+            for item in value:
+                collect(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+
+    for call in tape:
+        for cell in call.__closure__ or ():
+            collect(cell.cell_contents)
+    return list(found.values())
+
+
+def snapshot(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [array.copy() for array in arrays]
+
+
+def restore(arrays: list[np.ndarray], saved: list[np.ndarray]) -> None:
+    """Put the arrays' saved values back: a replay's in-place calls (m *= b1, weights /= sums)
+    would otherwise compound, replay after replay, toward overflow or subnormal numbers,
+    which NumPy computes far slower."""
+    for array, values in zip(arrays, saved, strict=True):
+        np.copyto(array, values)
