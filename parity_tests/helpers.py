@@ -41,6 +41,27 @@ WORST_ERRORS: dict[str, float] = {}  # check name -> worst error, printed after 
 COUNTS: dict[str, int] = {}  # event -> how often, printed after the run
 
 
+def recorded_thread_settings(monkeypatch) -> dict[str, list]:
+    """torch.set_num_threads, threadpoolctl.threadpool_limits and
+    memory.keep_freed_memory replaced by recorders, for a benchmark's main:
+    {"torch": [threads, ...], "blas": [threads, ...], "memory kept": [True, ...]}."""
+    import threadpoolctl
+
+    from numpy_engine import memory
+
+    asked: dict[str, list] = {"torch": [], "blas": [], "memory kept": []}
+
+    @contextlib.contextmanager
+    def limits(n):
+        asked["blas"].append(n)
+        yield
+
+    monkeypatch.setattr(memory, "keep_freed_memory", lambda: asked["memory kept"].append(True))
+    monkeypatch.setattr(torch, "set_num_threads", asked["torch"].append)
+    monkeypatch.setattr(threadpoolctl, "threadpool_limits", limits)
+    return asked
+
+
 def record_count(event: str) -> None:
     COUNTS[event] = COUNTS.get(event, 0) + 1
 

@@ -17,6 +17,7 @@ from benchmarks.workloads import middle_half, processor_name, spread
 from crosscheck.cli import main as bench_command
 from numpy_engine import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
 from numpy_engine.cli import main
+from parity_tests.helpers import recorded_thread_settings
 
 
 def test_generation_benchmark_runs_and_all_paths_agree(capsys):
@@ -651,25 +652,10 @@ def test_where_time_goes_names_the_processor_before_its_reports(monkeypatch, cap
 def test_where_time_goes_sets_the_threads_it_is_given(monkeypatch, capsys):
     """--threads N: BLAS and torch take N threads while the reports run, and the first line
     says how many; freed memory is kept for the next step, as in the bench and in training."""
-    import contextlib
-
-    import threadpoolctl
-    import torch
-
     from benchmarks import where_time_goes as W
     from benchmarks import workloads
-    from numpy_engine import memory
 
-    asked = {"torch": [], "blas": [], "memory kept": []}
-    monkeypatch.setattr(memory, "keep_freed_memory", lambda: asked["memory kept"].append(True))
-
-    @contextlib.contextmanager
-    def limits(n):
-        asked["blas"].append(n)
-        yield
-
-    monkeypatch.setattr(torch, "set_num_threads", asked["torch"].append)
-    monkeypatch.setattr(threadpoolctl, "threadpool_limits", limits)
+    asked = recorded_thread_settings(monkeypatch)
     monkeypatch.setattr(W, "report", lambda name, steps: f"report of {name}")
     monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
     W.main(["char-lm", "--threads", "2"])

@@ -16,6 +16,7 @@ from benchmarks.call_count import (
     restore,
     snapshot,
 )
+from parity_tests.helpers import recorded_thread_settings
 
 
 def test_a_replay_makes_each_recorded_call_again_on_the_recorded_arrays():
@@ -155,23 +156,8 @@ def test_calls_alone_report_and_arguments(monkeypatch, capsys):
 def test_calls_alone_runs_on_one_thread_and_prints_its_report(monkeypatch, capsys):
     """main: BLAS and torch on one thread while it measures, freed memory kept (as in the
     bench), the config and rounds asked for; it prints the report and returns its row."""
-    import contextlib
-
-    import threadpoolctl
-    import torch
-
-    from numpy_engine import memory
-
-    asked = {"torch": [], "blas": [], "memory kept": [], "measured": []}
-    monkeypatch.setattr(memory, "keep_freed_memory", lambda: asked["memory kept"].append(True))
-
-    @contextlib.contextmanager
-    def limits(n):
-        asked["blas"].append(n)
-        yield
-
-    monkeypatch.setattr(torch, "set_num_threads", asked["torch"].append)
-    monkeypatch.setattr(threadpoolctl, "threadpool_limits", limits)
+    asked = recorded_thread_settings(monkeypatch)
+    asked["measured"] = []
 
     def measure(name, rounds):
         asked["measured"].append((name, rounds, asked["blas"][-1:]))
