@@ -116,12 +116,24 @@ FORWARD_CODE = {
     ),
     "numpy_engine/blocking.py": ("slices", "in_row_blocks"),
     "numpy_engine/models/base.py": ("readout_last",),
+    "numpy_engine/params.py": (  # where training starts (test_init.py)
+        "linear_params",
+        "attention_params",
+        "ffn_params",
+        "self_block_params",
+        "decoder_block_params",
+    ),
+    "numpy_engine/models/gpt2.py": ("GPT2._init_params",),
     "numpy_engine/models/seq2seq.py": (
+        "Seq2SeqTransformer._init_params",
         "Seq2SeqTransformer.encode",
         "Seq2SeqTransformer.decode",
         "CachedSeq2SeqDecoder._run",
     ),
     "numpy_engine/models/minigpt.py": (
+        "normal_init",
+        "trunk_params",
+        "MiniGPT._init_params",
         "MiniGPT.forward",
         "MiniGPT._trunk_forward",
         "CachedGPTDecoder._run",
@@ -155,6 +167,7 @@ NUMBER_TESTS = (
     "parity_tests/test_float32.py",
     "parity_tests/test_trajectory.py",
     "parity_tests/test_hf_interchange.py",
+    "parity_tests/test_init.py",
 )
 
 

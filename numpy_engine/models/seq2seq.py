@@ -109,7 +109,9 @@ class Seq2SeqTransformer(Model):
 
     @staticmethod
     def _init_params(cfg: Seq2SeqConfig, rng: np.random.Generator) -> dict:
-        """PyTorch's default init: N(0, 1) embeddings, U(+-1/sqrt(fan_in)) weights; zero biases."""
+        """PyTorch's defaults for the weights: nn.Embedding's N(0, 1) (the padding row 0) and
+        nn.Linear's U(+-1/sqrt(fan_in)); but the biases start at 0, where nn.Linear draws them
+        from that uniform too (parity_tests/test_init.py)."""
 
         def init(shape):
             bound = 1.0 / np.sqrt(shape[1])
