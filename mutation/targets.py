@@ -168,6 +168,7 @@ NUMBER_TESTS = (
     "parity_tests/test_trajectory.py",
     "parity_tests/test_hf_interchange.py",
     "parity_tests/test_init.py",
+    "parity_tests/test_example_batches.py",
 )
 
 

@@ -1,0 +1,123 @@
+"""What each model kind tells the benchmark, the parity report and the `grads` study about
+itself: the example batch it hands them (what its docstring promises, exactly), and the
+FLOPs of its forward, which the bench turns into GFLOP/s and the share of the matmul peak
+(exactly the FLOPs of the matrix products a forward makes)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.call_count import Counted
+from numpy_engine.models import (
+    GPT2,
+    IGNORE_INDEX,
+    GPT2Config,
+    GPTConfig,
+    MiniGPT,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+)
+from numpy_engine.params import unflatten
+
+
+@st.composite
+def kinds_and_sizes(draw) -> tuple:
+    """(a model of each kind in turn, batch size, length), the sizes drawn apart."""
+    n_heads = draw(st.integers(1, 3))
+    sizes = dict(
+        vocab_size=draw(st.integers(4, 12)),
+        d_model=n_heads * draw(st.integers(1, 5)),
+        n_heads=n_heads,
+        d_ff=draw(st.integers(1, 9)),
+    )
+    B, length = draw(st.integers(1, 5)), draw(st.integers(1, 7))
+    layers = [draw(st.integers(1, 3)) for _ in range(2)]
+    kind = draw(st.sampled_from(["seq2seq", "gpt", "gpt2"]))
+    if kind == "seq2seq":
+        config = Seq2SeqConfig(**sizes, n_encoder_layers=layers[0], n_decoder_layers=layers[1])
+        return Seq2SeqTransformer(config, seed=0), B, length
+    gpt_sizes = dict(sizes, n_layers=layers[0], max_len=length + draw(st.integers(0, 3)))
+    if kind == "gpt":
+        return MiniGPT(GPTConfig(**gpt_sizes), seed=0), B, length
+    return GPT2(GPT2Config(**gpt_sizes), seed=0), B, length
+
+
+def forward_products(model, inputs: tuple) -> list:
+    """(left shape, right shape) of each matrix product one forward makes (call_count's)."""
+    flat, params = model.flat, model.params
+    model.flat = flat.copy().view(Counted)
+    model.params = unflatten(model.flat, params)
+    Counted.products.clear()
+    try:
+        model.forward(*(np.asarray(x).view(Counted) for x in inputs))
+    finally:
+        model.flat, model.params = flat, params
+    return [(left, right) for left, right, _ in Counted.products]
+
+
+@given(case=kinds_and_sizes())
+def test_forward_flops_are_the_flops_of_the_forwards_matrix_products(case):
+    """Counted: each product of matrices, 2 x (rows of the left) x inner x columns; not
+    counted: the matrix-vector products that take sums (a row mean, a softmax's row sum),
+    which are reductions, not the model's multiplications."""
+    model, B, length = case
+    batch = model.example_batch(model.config, np.random.default_rng(0), B, length)
+    flops = 0
+    for left, right in forward_products(model, batch[:-1]):
+        if len(right) > 1:  # a vector on the right: a sum
+            flops += 2 * math.prod(left) * right[-1]
+    assert flops == model.forward_flops(model.config, B, length)
+
+
+@given(case=kinds_and_sizes())
+def test_example_batch_is_the_batch_its_docstring_promises(case):
+    model, B, length = case
+    cfg, rng = model.config, np.random.default_rng(0)
+    if isinstance(model, Seq2SeqTransformer):
+        assert_seq2seq_example(cfg, *model.example_batch(cfg, rng, B, length), B, length)
+    else:
+        assert_gpt_example(cfg, *model.example_batch(cfg, rng, B, length), B, length)
+
+
+def assert_seq2seq_example(cfg, source, decoder_input, target, B: int, S: int) -> None:
+    """Sources of lengths S, S - 1, ..., 1, S, ... of ids that are not special, then PAD;
+    the decoder reads BOS and the source; the target is the source, EOS, then PAD."""
+    lengths = S - np.arange(B) % S
+    assert source.shape == (B, S) and decoder_input.shape == target.shape == (B, S + 1)
+    for row, n in enumerate(lengths):
+        symbols = source[row, :n]
+        assert ((symbols >= 0) & (symbols < cfg.vocab_size)).all()
+        assert not np.isin(symbols, (cfg.pad_id, cfg.bos_id, cfg.eos_id)).any()
+        assert (source[row, n:] == cfg.pad_id).all()
+        assert decoder_input[row, 0] == cfg.bos_id
+        assert (decoder_input[row, 1:] == source[row]).all()
+        assert (target[row, :n] == symbols).all() and target[row, n] == cfg.eos_id
+        assert (target[row, n + 1 :] == cfg.pad_id).all()
+
+
+def assert_gpt_example(cfg, idx, targets, B: int, T: int) -> None:
+    """Ids of the vocabulary, each target the next id; the last position has none, and the
+    last row's second half is ignored (as a padded row's would be) when there are two rows."""
+    assert idx.shape == targets.shape == (B, T)
+    assert ((idx >= 0) & (idx < cfg.vocab_size)).all()
+    expected = np.concatenate([idx[:, 1:], np.full((B, 1), IGNORE_INDEX)], axis=1)
+    if B > 1:
+        expected[-1, T // 2 :] = IGNORE_INDEX
+    assert (targets == expected).all()
+
+
+def test_example_batch_length_defaults_and_every_id_drawn():
+    """Without a length: the copy model's sources of 3, MiniGPT's max_len; and a batch large
+    enough draws every id it may (here P(an id missed) < 1e-50)."""
+    rng = np.random.default_rng(0)
+    seq2seq_config, gpt_config = Seq2SeqConfig(), GPTConfig(vocab_size=5, max_len=9)
+    source, _, _ = Seq2SeqTransformer.example_batch(seq2seq_config, rng, 600)  # 1,200 ids
+    assert source.shape == (600, 3)
+    symbols = set(range(3, seq2seq_config.vocab_size))  # all but PAD 0, BOS 1 and EOS 2
+    assert set(np.unique(source)) == symbols | {seq2seq_config.pad_id}
+    idx, _ = MiniGPT.example_batch(gpt_config, rng, 64)
+    assert idx.shape == (64, 9) and set(np.unique(idx)) == set(range(5))
