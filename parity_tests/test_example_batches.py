@@ -24,65 +24,6 @@ from numpy_engine.models import (
 from numpy_engine.params import unflatten
 
 
-@st.composite
-def kinds_and_sizes(draw) -> tuple:
-    """(a model of each kind in turn, batch size, length), the sizes drawn apart."""
-    n_heads = draw(st.integers(1, 3))
-    sizes = dict(
-        vocab_size=draw(st.integers(4, 12)),
-        d_model=n_heads * draw(st.integers(1, 5)),
-        n_heads=n_heads,
-        d_ff=draw(st.integers(1, 9)),
-    )
-    B, length = draw(st.integers(1, 5)), draw(st.integers(1, 7))
-    layers = [draw(st.integers(1, 3)) for _ in range(2)]
-    kind = draw(st.sampled_from(["seq2seq", "gpt", "gpt2"]))
-    if kind == "seq2seq":
-        config = Seq2SeqConfig(**sizes, n_encoder_layers=layers[0], n_decoder_layers=layers[1])
-        return Seq2SeqTransformer(config, seed=0), B, length
-    gpt_sizes = dict(sizes, n_layers=layers[0], max_len=length + draw(st.integers(0, 3)))
-    if kind == "gpt":
-        return MiniGPT(GPTConfig(**gpt_sizes), seed=0), B, length
-    return GPT2(GPT2Config(**gpt_sizes), seed=0), B, length
-
-
-def forward_products(model, inputs: tuple) -> list:
-    """(left shape, right shape) of each matrix product one forward makes (call_count's)."""
-    flat, params = model.flat, model.params
-    model.flat = flat.copy().view(Counted)
-    model.params = unflatten(model.flat, params)
-    Counted.products.clear()
-    try:
-        model.forward(*(np.asarray(x).view(Counted) for x in inputs))
-    finally:
-        model.flat, model.params = flat, params
-    return [(left, right) for left, right, _ in Counted.products]
-
-
-@given(case=kinds_and_sizes())
-def test_forward_flops_are_the_flops_of_the_forwards_matrix_products(case):
-    """Counted: each product of matrices, 2 x (rows of the left) x inner x columns; not
-    counted: the matrix-vector products that take sums (a row mean, a softmax's row sum),
-    which are reductions, not the model's multiplications."""
-    model, B, length = case
-    batch = model.example_batch(model.config, np.random.default_rng(0), B, length)
-    flops = 0
-    for left, right in forward_products(model, batch[:-1]):
-        if len(right) > 1:  # a vector on the right: a sum
-            flops += 2 * math.prod(left) * right[-1]
-    assert flops == model.forward_flops(model.config, B, length)
-
-
-@given(case=kinds_and_sizes())
-def test_example_batch_is_the_batch_its_docstring_promises(case):
-    model, B, length = case
-    cfg, rng = model.config, np.random.default_rng(0)
-    if model.kind == "seq2seq":
-        assert_seq2seq_example(cfg, *model.example_batch(cfg, rng, B, length), B, length)
-    else:
-        assert_gpt_example(cfg, *model.example_batch(cfg, rng, B, length), B, length)
-
-
 def assert_seq2seq_example(cfg, source, decoder_input, target, B: int, S: int) -> None:
     """Sources of lengths S, S - 1, ..., 1, S, ... of ids that are not special, then PAD;
     the decoder reads BOS and the source; the target is the source, EOS, then PAD."""
@@ -108,6 +49,78 @@ def assert_gpt_example(cfg, idx, targets, B: int, T: int) -> None:
     if B > 1:
         expected[-1, T // 2 :] = IGNORE_INDEX
     assert (targets == expected).all()
+
+
+def copy_model(sizes: dict, layers: list[int], max_len: int) -> Seq2SeqTransformer:
+    config = Seq2SeqConfig(**sizes, n_encoder_layers=layers[0], n_decoder_layers=layers[1])
+    return Seq2SeqTransformer(config, seed=0)
+
+
+def minigpt(sizes: dict, layers: list[int], max_len: int) -> MiniGPT:
+    return MiniGPT(GPTConfig(**sizes, n_layers=layers[0], max_len=max_len), seed=0)
+
+
+def gpt2(sizes: dict, layers: list[int], max_len: int) -> GPT2:
+    return GPT2(GPT2Config(**sizes, n_layers=layers[0], max_len=max_len), seed=0)
+
+
+KINDS = (  # how to build a model of each kind, and what its example batch must be
+    (copy_model, assert_seq2seq_example),
+    (minigpt, assert_gpt_example),
+    (gpt2, assert_gpt_example),
+)
+
+
+@st.composite
+def kinds_and_sizes(draw) -> tuple:
+    """(a model of one kind or another, batch size, length, what its example batch must
+    be), the sizes drawn apart."""
+    n_heads = draw(st.integers(1, 3))
+    sizes = dict(
+        vocab_size=draw(st.integers(4, 12)),
+        d_model=n_heads * draw(st.integers(1, 5)),
+        n_heads=n_heads,
+        d_ff=draw(st.integers(1, 9)),
+    )
+    B, length = draw(st.integers(1, 5)), draw(st.integers(1, 7))
+    layers = [draw(st.integers(1, 3)) for _ in range(2)]
+    build, expected_example = draw(st.sampled_from(KINDS))
+    model = build(sizes, layers, max_len=length + draw(st.integers(0, 3)))
+    return model, B, length, expected_example
+
+
+def forward_products(model, inputs: tuple) -> list:
+    """(left shape, right shape) of each matrix product one forward makes (call_count's)."""
+    flat, params = model.flat, model.params
+    model.flat = flat.copy().view(Counted)
+    model.params = unflatten(model.flat, params)
+    Counted.products.clear()
+    try:
+        model.forward(*(np.asarray(x).view(Counted) for x in inputs))
+    finally:
+        model.flat, model.params = flat, params
+    return [(left, right) for left, right, _ in Counted.products]
+
+
+@given(case=kinds_and_sizes())
+def test_forward_flops_are_the_flops_of_the_forwards_matrix_products(case):
+    """Counted: each product of matrices, 2 x (rows of the left) x inner x columns; not
+    counted: the matrix-vector products that take sums (a row mean, a softmax's row sum),
+    which are reductions, not the model's multiplications."""
+    model, B, length, _ = case
+    batch = model.example_batch(model.config, np.random.default_rng(0), B, length)
+    flops = 0
+    for left, right in forward_products(model, batch[:-1]):
+        if len(right) > 1:  # a vector on the right: a sum
+            flops += 2 * math.prod(left) * right[-1]
+    assert flops == model.forward_flops(model.config, B, length)
+
+
+@given(case=kinds_and_sizes())
+def test_example_batch_is_the_batch_its_docstring_promises(case):
+    model, B, length, expected_example = case
+    cfg = model.config
+    expected_example(cfg, *model.example_batch(cfg, np.random.default_rng(0), B, length), B, length)
 
 
 def test_example_batch_length_defaults_and_every_id_drawn():
