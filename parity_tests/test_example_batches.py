@@ -1,7 +1,8 @@
-"""What each model kind tells the benchmark, the parity report and the `grads` study about
-itself: the example batch it hands them (what its docstring promises, exactly), and the
-FLOPs of its forward, which the bench turns into GFLOP/s and the share of the matmul peak
-(exactly the FLOPs of the matrix products a forward makes)."""
+"""What each model kind tells the benchmark, the parity report, the `grads` study and the
+`attention` command about itself: the example batch it hands them (what its docstring
+promises, exactly), the FLOPs of its forward, which the bench turns into GFLOP/s and the
+share of the matmul peak (exactly the FLOPs of the matrix products a forward makes), and
+the attention panels it draws (each layer's weights, labelled with their tokens)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.call_count import Counted
+from numpy_engine.generate import greedy_decode
 from numpy_engine.models import (
     GPT2,
     IGNORE_INDEX,
@@ -134,3 +136,37 @@ def test_example_batch_length_defaults_and_every_id_drawn():
     assert set(np.unique(source)) == symbols | {seq2seq_config.pad_id}
     idx, _ = MiniGPT.example_batch(gpt_config, rng, 64)
     assert idx.shape == (64, 9) and set(np.unique(idx)) == set(range(5))
+
+
+def test_attention_panels_are_each_layers_weights_with_the_tokens_as_labels():
+    """What the `attention` command draws. MiniGPT: each layer's causal weights over the
+    last max_len ids, labelled with their tokens. The copy model: per layer, the encoder's
+    self-attention over the source, then the decoder's self- and cross-attention over the
+    decoder's input, BOS and the greedy output but its last token."""
+    gpt = MiniGPT(GPTConfig(vocab_size=7, n_layers=2, max_len=5), seed=3)
+    ids, labels = np.arange(7) % 7, list("abcdefg")  # 7 ids: the first two fall out
+    panels = gpt.attention_panels(ids, labels)
+    _, cache = gpt.forward(ids[None, 2:])
+    assert [title for title, *_ in panels] == ["layer 0", "layer 1"]
+    for (_, weights, keys, queries), block in zip(panels, cache.blocks, strict=True):
+        assert np.array_equal(weights, block.attn.attention.weights[0])
+        assert weights.shape == (gpt.config.n_heads, 5, 5) and keys == queries == list("cdefg")
+
+    model = Seq2SeqTransformer(Seq2SeqConfig(n_encoder_layers=2, n_decoder_layers=1), seed=3)
+    source = np.array([4, 7, 9])
+    output = [t for t in greedy_decode(model, source[None], 4)[0] if t != model.config.pad_id]
+    decoder_input = np.array([[model.config.bos_id, *output[:-1]]])
+    _, cache = model.forward(source[None], decoder_input)
+    panels = model.attention_panels(source, ["4", "7", "9"])
+    decoded = ["BOS", *[str(t) for t in output[:-1]]]
+    expected = [
+        ("encoder 0 self", cache.encoder.blocks[0].attn, ["4", "7", "9"], ["4", "7", "9"]),
+        ("encoder 1 self", cache.encoder.blocks[1].attn, ["4", "7", "9"], ["4", "7", "9"]),
+        ("decoder 0 self", cache.decoder.blocks[0].self_attn, decoded, decoded),
+        ("decoder 0 cross", cache.decoder.blocks[0].cross_attn, ["4", "7", "9"], decoded),
+    ]
+    for panel, (name, attn, keys, queries) in zip(panels, expected, strict=True):
+        title, weights, *labels = panel  # (title, weights (H, Tq, Tk), key labels, query labels)
+        assert title == name and labels == [keys, queries]
+        assert np.array_equal(weights, attn.attention.weights[0])
+        assert weights.shape == (model.config.n_heads, len(queries), len(keys))
