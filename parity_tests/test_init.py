@@ -114,3 +114,30 @@ def test_minigpt_starts_from_gpt2s_normal_without_the_residual_scale():
             assert_drawn_alike(key, value, rng.normal(0.0, 0.02, value.shape))
         else:  # a 1-D weight is a layernorm's gain
             assert_drawn_alike(key, value, np.full(value.shape, float(key.endswith("weight"))))
+
+
+def test_the_gpt2_preset_is_transformers_gpt2_with_its_124439808_parameters():
+    """GPT2Config.preset("gpt2"): the sizes of transformers' default GPT2Config (which are
+    gpt2's), <|endoftext|> 50256 as its end, and any size changed on request."""
+    preset, hf = GPT2Config.preset("gpt2"), HFConfig()
+    sizes = preset.vocab_size, preset.max_len, preset.d_model, preset.n_layers, preset.n_heads
+    assert sizes == (hf.vocab_size, hf.n_positions, hf.n_embd, hf.n_layer, hf.n_head)
+    assert sizes == (50257, 1024, 768, 12, 12) and preset.d_ff == 4 * 768
+    assert preset.eos_id == hf.eos_token_id == 50256
+    assert preset.activation == "gelu" and hf.activation_function == "gelu_new"  # tanh form
+
+    def parameters(V: int, P: int, C: int, L: int) -> int:
+        """wte, wpe; a block: two layernorms 4C, q k v 3(C^2 + C), c_proj C^2 + C, the FFN's
+        4C^2 + 4C and 4C^2 + C; ln_f 2C. The head is tied to wte: no parameters of its own."""
+        return V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
+
+    small = GPT2(GPT2Config(vocab_size=5, max_len=3, d_model=4, n_heads=2, d_ff=16, n_layers=2))
+    assert small.num_parameters() == parameters(5, 3, 4, 2)  # the formula is the engine's
+    assert parameters(*sizes[:4]) == 124_439_808
+    smaller = GPT2Config.preset("gpt2", n_layers=2, dtype="float64")
+    assert (smaller.n_layers, smaller.dtype, smaller.d_model, smaller.eos_id) == (
+        2,
+        "float64",
+        768,
+        50256,
+    )
