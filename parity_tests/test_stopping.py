@@ -26,6 +26,16 @@ from numpy_engine.train import Checkpointing, SequenceTrainConfig, resume, train
 CFG = SequenceTrainConfig(steps=12, eval_every=6)
 
 
+@pytest.fixture(autouse=True)
+def pythons_own_ctrl_c():
+    """Each test starts as Python does from a terminal: SIGINT raises KeyboardInterrupt. A
+    process that a shell starts in the background without job control inherits SIGINT
+    ignored instead, which training leaves alone (test_an_ignored_signal_stays_ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def signalled_at(monkeypatch, step: int, *signums: int) -> None:
     """Send this process each of signums at the end of the update of step `step`."""
     update = loop.guarded_update
