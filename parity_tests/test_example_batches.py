@@ -86,9 +86,9 @@ def kinds_and_sizes(draw) -> tuple:
     )
     B, length = draw(st.integers(1, 5)), draw(st.integers(1, 7))
     layers = [draw(st.integers(1, 3)) for _ in range(2)]
-    build, expected_example = draw(st.sampled_from(KINDS))
+    build, assert_example = draw(st.sampled_from(KINDS))
     model = build(sizes, layers, max_len=length + draw(st.integers(0, 3)))
-    return model, B, length, expected_example
+    return model, B, length, assert_example
 
 
 def forward_products(model, inputs: tuple) -> list:
@@ -120,9 +120,9 @@ def test_forward_flops_are_the_flops_of_the_forwards_matrix_products(case):
 
 @given(case=kinds_and_sizes())
 def test_example_batch_is_the_batch_its_docstring_promises(case):
-    model, B, length, expected_example = case
+    model, B, length, assert_example = case
     cfg = model.config
-    expected_example(cfg, *model.example_batch(cfg, np.random.default_rng(0), B, length), B, length)
+    assert_example(cfg, *model.example_batch(cfg, np.random.default_rng(0), B, length), B, length)
 
 
 def test_example_batch_length_defaults_and_every_id_drawn():
