@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.call_count import Counted
+from benchmarks.call_count import calls_per_step
 from numpy_engine.generate import greedy_decode
 from numpy_engine.models import (
     GPT2,
@@ -23,7 +23,6 @@ from numpy_engine.models import (
     Seq2SeqConfig,
     Seq2SeqTransformer,
 )
-from numpy_engine.params import unflatten
 
 
 def assert_seq2seq_example(cfg, source, decoder_input, target, B: int, S: int) -> None:
@@ -91,17 +90,14 @@ def kinds_and_sizes(draw) -> tuple:
     return model, B, length, assert_example
 
 
-def forward_products(model, inputs: tuple) -> list:
-    """(left shape, right shape) of each matrix product one forward makes (call_count's)."""
-    flat, params = model.flat, model.params
-    model.flat = flat.copy().view(Counted)
-    model.params = unflatten(model.flat, params)
-    Counted.products.clear()
-    try:
-        model.forward(*(np.asarray(x).view(Counted) for x in inputs))
-    finally:
-        model.flat, model.params = flat, params
-    return [(left, right) for left, right, _ in Counted.products]
+def forward_products(model, batch: tuple) -> list:
+    """(left shape, right shape) of each matrix product one forward over batch makes."""
+
+    def forward(model, _, batch) -> None:
+        model.forward(*batch[:-1])  # the inputs: all but the targets
+
+    _, products = calls_per_step(model, None, batch, forward)
+    return [(left, right) for left, right, _ in products]
 
 
 @given(case=kinds_and_sizes())
@@ -112,7 +108,7 @@ def test_forward_flops_are_the_flops_of_the_forwards_matrix_products(case):
     model, B, length, _ = case
     batch = model.example_batch(model.config, np.random.default_rng(0), B, length)
     flops = 0
-    for left, right in forward_products(model, batch[:-1]):
+    for left, right in forward_products(model, batch):
         if len(right) > 1:  # a vector on the right: a sum
             flops += 2 * math.prod(left) * right[-1]
     assert flops == model.forward_flops(model.config, B, length)
