@@ -18,8 +18,10 @@ class SequenceTrainConfig:
     clip: float = 1.0
     eval_every: int = 100
 
+    optimizer_class = Adam  # not a field: what optimizer() makes (loop.check_step_fits reads it)
+
     def optimizer(self, params: dict) -> Optimizer:
-        return Adam(params, lr=self.lr)
+        return self.optimizer_class(params, lr=self.lr)
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,10 @@ class CharTrainConfig:
     holdout: float = 0.0  # the text's last fraction of tokens, evaluated on, never trained on
     eval_every: int = 100  # with a holdout: its loss every N steps (and at the last)
 
+    optimizer_class = AdamW  # not a field: what optimizer() makes
+
     def optimizer(self, params: dict) -> Optimizer:
-        return AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        return self.optimizer_class(params, lr=self.lr, weight_decay=self.weight_decay)
 
 
 # The training tasks, by name: what `numpy-engine train TASK` runs without flags. A new task

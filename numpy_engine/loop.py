@@ -237,7 +237,7 @@ def run_loop(
 
 def _save(state: TrainState, checkpointing: Checkpointing, meta) -> int:
     """Write the run's checkpoint; returns the step it holds."""
-    optimizer_state = state.optimizer.state_dict()
+    optimizer_state = state.optimizer.state_arrays()  # views: written at once
     save_checkpoint(checkpointing.out, state.model, optimizer_state, meta(state))
     return state.step
 
@@ -253,12 +253,36 @@ def _stop(state, cfg, checkpointing, meta, signum: int, last_saved) -> None:
     raise TrainingInterrupted(signum, state.step, cfg.steps, saved_in)
 
 
-def check_step_fits(what: str, kind: type[Model], config, batch_size: int, length: int) -> None:
-    """Refuse, up front, a step whose activations cannot fit in memory (the kind's generous
-    estimate, Model.step_values)."""
-    values = kind.step_values(config, batch_size, length)
-    tokens = f"{batch_size * length:,} tokens a step"
-    check_fits(f"{what} ({tokens})", values * np.dtype(config.dtype).itemsize)
+# What a step holds besides the values check_step_fits counts: its Python objects and small
+# arrays, and the optimizer's scratch (at most 1.75 MB: optim.Optimizer.__init__)
+STEP_OVERHEAD_BYTES = 4 * 2**20
+
+
+def check_step_fits(
+    what: str, model: Model, cfg, length: int, state: TrainState | None, parallel=None
+) -> None:
+    """Refuse, up front, a step that cannot fit in memory (step_bytes)."""
+    tokens = f"{cfg.batch_size * length:,} tokens a step"
+    check_fits(f"{what} ({tokens})", step_bytes(model, cfg, length, state, parallel))
+
+
+def step_bytes(model: Model, cfg, length: int, state: TrainState | None, parallel=None) -> int:
+    """The bytes a run's steps take beyond the parameters, which exist already: the kind's
+    generous count of a step's other values (Model.step_values), the parameters' gradients,
+    the optimizer's state unless a resumed run has it already (Adam's two moments: 1 GB on
+    GPT-2), and the gradient a step over ranks or micro-batches reduces into
+    (parallel.DataParallel) with its scratch, as large as the largest parameter; for batches
+    of cfg.batch_size rows of `length` positions, of which one forward and backward takes a
+    micro-batch's rows."""
+    vectors, values, rows = 1, 0, cfg.batch_size  # the gradients; the rows a forward takes
+    if state is None:
+        vectors += len(cfg.optimizer_class.state_names)
+    if parallel is not None and not parallel.plain:
+        vectors += 1
+        values = max(p.size for p in model.params.values())
+        rows = parallel.micro_batch_rows(cfg.batch_size)
+    values += type(model).step_values(model.config, rows, length) + vectors * model.flat.size
+    return values * model.flat.itemsize + STEP_OVERHEAD_BYTES
 
 
 FINAL_LOSS_STEPS = 10

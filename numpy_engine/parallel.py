@@ -158,6 +158,7 @@ class DataParallel:
                     continue  # a share with no counted target adds nothing
                 loss, grads = local_step(micro)
                 add_scaled(summed, grads, n, scratch)
+                del grads  # now: kept, it would be a second set while the next one is made
                 reduced[P] += n
                 reduced[P + 1] += loss * n
         except Exception as error:  # any: the other ranks must not wait for this one

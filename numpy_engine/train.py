@@ -91,13 +91,13 @@ def train_sequence_task(
     parallel: over MPI ranks and/or in micro-batches (numpy_engine/parallel.py)."""
     check_run_config(cfg)
     task = sequence_task(cfg.task, seed=cfg.seed)
-    model_cfg = state.model.config if state else model_config or Seq2SeqConfig()
-    S = task.train.source.shape[1]
-    check_step_fits(
-        f"batch_size={cfg.batch_size}", Seq2SeqTransformer, model_cfg, cfg.batch_size, S
-    )
     if state is None:
-        model = Seq2SeqTransformer(model_cfg, seed=cfg.seed)
+        model = Seq2SeqTransformer(model_config or Seq2SeqConfig(), seed=cfg.seed)
+    else:
+        model = state.model
+    S = task.train.source.shape[1]
+    check_step_fits(f"batch_size={cfg.batch_size}", model, cfg, S, state, parallel)
+    if state is None:
         history = empty_history()
         sampler = np.random.default_rng([cfg.seed, 1])
         state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
@@ -171,7 +171,7 @@ def train_char_lm(
     if cfg.context > model.config.max_len:
         raise InputError(f"context={cfg.context} is longer than the model's {model.config.max_len}")
     what = f"batch_size={cfg.batch_size} with context={cfg.context}"
-    check_step_fits(what, type(model), model.config, cfg.batch_size, cfg.context)
+    check_step_fits(what, model, cfg, cfg.context, state, parallel)
     train_ids, heldout = _split_text(cfg, corpus, model)
     if state is None:
         history = empty_history(evaluations=heldout is not None)
@@ -279,7 +279,7 @@ def save_run(run: TrainRun, out_dir: str | Path) -> Path:
     """result.json, history.json and checkpoint.npz (weights, optimizer state, meta) in out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(out, run.model, run.optimizer.state_dict(), run.meta)
+    save_checkpoint(out, run.model, run.optimizer.state_arrays(), run.meta)
     (out / "history.json").write_text(json.dumps(run.history) + "\n")
     (out / "result.json").write_text(json.dumps(run.result, indent=2) + "\n")
     return out

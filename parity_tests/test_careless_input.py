@@ -292,23 +292,6 @@ def test_a_run_that_stops_exits_1_where_bad_input_exits_2(monkeypatch, capsys, e
     assert capsys.readouterr().err.startswith(f"numpy-engine generate: stopped: {said}")
 
 
-@pytest.mark.parametrize("dtype, itemsize", [("float32", 4), ("float64", 8)])
-def test_a_step_is_refused_exactly_when_its_bytes_exceed_what_is_available(
-    monkeypatch, dtype, itemsize
-):
-    """The kind's count of a step's values, times the bytes of each, against free memory."""
-    from numpy_engine import memory
-    from numpy_engine.loop import check_step_fits
-
-    config = ne.GPTConfig(dtype=dtype)
-    needed = ne.MiniGPT.step_values(config, 8, 32) * itemsize
-    monkeypatch.setattr(memory, "available_bytes", lambda: needed)
-    check_step_fits("a char-lm step", ne.MiniGPT, config, 8, 32)  # just fits
-    monkeypatch.setattr(memory, "available_bytes", lambda: needed - 1)
-    with pytest.raises(ValueError, match=r"^a char-lm step \(256 tokens a step\) would need"):
-        check_step_fits("a char-lm step", ne.MiniGPT, config, 8, 32)
-
-
 @pytest.mark.parametrize(
     "flags, sampling",
     [

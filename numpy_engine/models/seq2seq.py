@@ -41,7 +41,13 @@ from numpy_engine.layers import (
     sinusoidal_forward,
     sinusoidal_table,
 )
-from numpy_engine.models.base import Model, check_sizes, readout_last, register
+from numpy_engine.models.base import (
+    WEIGHT_COPIES,
+    Model,
+    check_sizes,
+    readout_last,
+    register,
+)
 from numpy_engine.params import (
     decoder_block_params,
     layernorm_params,
@@ -289,12 +295,21 @@ class Seq2SeqTransformer(Model):
     @staticmethod
     def step_values(cfg: Seq2SeqConfig, batch_size: int, length: int) -> int:
         """Per layer and token ~16 d_model + 4 d_ff cached values and gradients, 3 per attention
-        score (scores, weights, their gradient); 4 per logit (logits, log-probs, gradient, copy)."""
+        score (scores, weights, their gradient); 4 per logit (logits, log-probs, gradient,
+        copy); the stacked projection weights each layer keeps, 3 C^2 in an encoder layer
+        and 5 C^2 in a decoder layer (q, k, v and the cross-attention's k, v); and
+        WEIGHT_COPIES of a decoder block's weights or of the embedding, whichever is larger
+        (the source's and the target's gradients of the shared table are summed)."""
+        C, F = cfg.d_model, cfg.d_ff
         B, S, T = batch_size, length, length + 1
         layers = cfg.n_encoder_layers + cfg.n_decoder_layers
         cells = B * cfg.n_heads * (S + T) ** 2  # self- and cross-attention
-        per_token = 16 * cfg.d_model + 4 * cfg.d_ff
-        return layers * (B * (S + T) * per_token + 3 * cells) + 4 * B * T * cfg.vocab_size
+        per_token = 16 * C + 4 * F
+        kept = (3 * cfg.n_encoder_layers + 5 * cfg.n_decoder_layers) * C * C
+        decoder_block = 8 * C * C + 2 * C * F  # two attentions' four projections, the FFN
+        largest = max(decoder_block, cfg.vocab_size * C)
+        activations = layers * (B * (S + T) * per_token + 3 * cells) + 4 * B * T * cfg.vocab_size
+        return activations + kept + WEIGHT_COPIES * largest
 
 
 class RerunSeq2SeqDecoder:

@@ -1,0 +1,222 @@
+"""What a training run checks against free memory before its first step
+(loop.check_step_fits, which refuses a run whose steps would not fit): the bytes it counts
+(loop.step_bytes) are at least what the run's first steps allocate, measured with
+tracemalloc (NumPy reports its arrays to it), for every kind, size and dtype drawn, and not
+so many more that a run that fits would be refused."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from numpy_engine import loop, memory
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.configs import CharTrainConfig, SequenceTrainConfig
+from numpy_engine.loop import (
+    STEP_OVERHEAD_BYTES,
+    Checkpointing,
+    TrainState,
+    check_step_fits,
+    guarded_update,
+    step_bytes,
+    step_gradient,
+)
+from numpy_engine.models import (
+    GPT2,
+    GPT2Config,
+    GPTConfig,
+    MiniGPT,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+)
+from numpy_engine.optim import AdamW
+from numpy_engine.parallel import DataParallel, OneProcess
+
+# Counted over measured, at most: the count is generous (a layer's activations are counted
+# as if every cache of it lived at once), but a run that fits must not be refused for it.
+# Over 400 draws the largest was 5.4 (a seq2seq model of d_model 8 and d_ff 512 on sources of
+# 64) and the smallest 1.14.
+GENEROUS_AT_MOST = 8.0
+
+
+def copy_model(sizes: dict, layers: int, length: int, dtype: str):
+    config = Seq2SeqConfig(**sizes, n_encoder_layers=layers, n_decoder_layers=layers, dtype=dtype)
+    return Seq2SeqTransformer(config, seed=0), SequenceTrainConfig
+
+
+def minigpt(sizes: dict, layers: int, length: int, dtype: str):
+    config = GPTConfig(**sizes, n_layers=layers, max_len=length, dtype=dtype)
+    return MiniGPT(config, seed=0), CharTrainConfig
+
+
+def gpt2(sizes: dict, layers: int, length: int, dtype: str):
+    config = GPT2Config(**sizes, n_layers=layers, max_len=length, dtype=dtype)
+    return GPT2(config, seed=0), CharTrainConfig
+
+
+@st.composite
+def runs(draw) -> tuple:
+    """(model, its run's config, length, a batch, parallel or None), the sizes drawn from
+    where one term of the count is most of it (a vocabulary of thousands, wide layers,
+    long sequences) to where none is."""
+    n_heads = draw(st.integers(1, 4))
+    sizes = dict(
+        vocab_size=draw(st.sampled_from([5, 40, 300, 3000])),
+        d_model=n_heads * draw(st.sampled_from([2, 8, 32, 64])),
+        n_heads=n_heads,
+        d_ff=draw(st.sampled_from([4, 64, 512])),
+    )
+    build = draw(st.sampled_from([copy_model, minigpt, gpt2]))
+    length = draw(st.sampled_from([2, 3, 16, 64]))  # a language model's 1 would have no target
+    dtype = draw(st.sampled_from(["float32", "float64"]))
+    layers, accumulate = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    batch_size = accumulate * draw(st.sampled_from([1, 3, 8]))
+    return run_of(build, sizes, layers, length, dtype, batch_size, accumulate)
+
+
+def run_of(build, sizes: dict, layers: int, length: int, dtype, batch_size: int, accumulate):
+    model, run_config = build(sizes, layers, length, dtype)
+    batch = model.example_batch(model.config, np.random.default_rng(1), batch_size, length)
+    parallel = DataParallel(OneProcess(), accumulate) if accumulate > 1 else None
+    return model, run_config(batch_size=batch_size), length, batch, parallel
+
+
+# The draw that the count missed by 6% before it held the reduced gradient's scratch (as large
+# as the embedding here) and before a step over micro-batches let go of each one's gradients
+# before the next one's were made
+WIDE_VOCABULARY_IN_MICRO_BATCHES = run_of(
+    copy_model, dict(vocab_size=3000, d_model=128, n_heads=2, d_ff=512), 2, 3, "float64", 6, 2
+)
+
+
+def first_steps_bytes(model, run_config, batch: tuple, parallel) -> int:
+    """The most bytes allocated at once, above what was allocated before, while the run's
+    optimizer is made and two steps are taken as the training loop takes them."""
+    model.loss_and_grads(*batch)  # what the first step keeps for later (a causal limit)
+
+    def first_steps() -> None:
+        optimizer = run_config.optimizer(model.params)
+        state = TrainState(model, optimizer, np.random.default_rng(0))
+        for step in (1, 2):
+            _, grads = step_gradient(state, step, batch, parallel)
+            guarded_update(state, step, grads, run_config.clip)
+            del grads
+
+    return peak_bytes(first_steps)
+
+
+def peak_bytes(work) -> int:
+    """The most bytes allocated at once while work() runs, above what was allocated before."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        work()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+@given(run=runs())
+@example(run=WIDE_VOCABULARY_IN_MICRO_BATCHES)
+def test_a_runs_steps_take_no_more_memory_than_its_check_counts(run):
+    model, run_config, length, batch, parallel = run
+    counted = step_bytes(model, run_config, length, None, parallel)
+    measured = first_steps_bytes(model, run_config, batch, parallel)
+    assert measured <= counted
+    assert counted <= GENEROUS_AT_MOST * measured + STEP_OVERHEAD_BYTES
+
+
+def test_the_count_holds_each_parameter_sized_vector_a_run_adds():
+    """The gradients always; the optimizer's moments (AdamW: 2) unless a resumed run has
+    them; the reduced gradient of a step over micro-batches (or ranks) and its scratch, the
+    size of the largest parameter, while a forward then takes a micro-batch's rows. On
+    GPT-2 (124M parameters) the moments alone are 1 GB: a check of the activations alone
+    let a run start that the first update could not hold."""
+    model, run_class = minigpt(dict(vocab_size=5, d_model=8, n_heads=2, d_ff=4), 1, 4, "float64")
+    run_config, P, itemsize = run_class(batch_size=6), model.flat.size, 8
+    new = step_bytes(model, run_config, 4, None)
+    activations = MiniGPT.step_values(model.config, 6, 4)
+    assert new == (activations + 3 * P) * itemsize + STEP_OVERHEAD_BYTES
+    state = TrainState(model, run_config.optimizer(model.params), np.random.default_rng(0))
+    assert step_bytes(model, run_config, 4, state) == new - 2 * P * itemsize
+    assert step_bytes(model, run_config, 4, None, DataParallel(OneProcess())) == new
+    micro_batches = DataParallel(OneProcess(), accumulate=2)  # 3 rows a forward
+    largest = 8 * 8  # each of the attention's four projection weights
+    fewer_rows = MiniGPT.step_values(model.config, 3, 4) - activations
+    more = (P + largest + fewer_rows) * itemsize
+    assert step_bytes(model, run_config, 4, None, micro_batches) == new + more
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_run_is_refused_exactly_when_its_steps_bytes_exceed_what_is_available(monkeypatch, dtype):
+    model, run_config = minigpt(dict(vocab_size=5, d_model=8, n_heads=2, d_ff=4), 1, 32, dtype)
+    run_config = run_config(batch_size=8)
+    needed = step_bytes(model, run_config, 32, None)
+    monkeypatch.setattr(memory, "available_bytes", lambda: needed)
+    check_step_fits("a char-lm run", model, run_config, 32, None)  # just fits
+    monkeypatch.setattr(memory, "available_bytes", lambda: needed - 1)
+    with pytest.raises(ValueError, match=r"^a char-lm run \(256 tokens a step\) would need"):
+        check_step_fits("a char-lm run", model, run_config, 32, None)
+
+
+def test_a_checkpoint_is_written_from_the_moments_and_read_into_them_without_copies(tmp_path):
+    """A run's checkpoint holds the optimizer's two moments. Copied first, they were twice
+    the parameters' bytes more at every save (1 GB on GPT-2, past what a step takes), and
+    copied again when a resumed run's state was checked against them."""
+    model, _ = minigpt(dict(vocab_size=300, d_model=64, n_heads=2, d_ff=256), 2, 16, "float64")
+    optimizer = AdamW(model.params)
+    for vector in optimizer.flat_state.values():
+        vector[...] = np.random.default_rng(0).random(vector.size)
+    state = TrainState(model, optimizer, np.random.default_rng(0))
+    checkpointing = Checkpointing(tmp_path / "run", every=1)
+    checkpointing.make_directory()
+    saved = peak_bytes(lambda: loop._save(state, checkpointing, lambda state: {}))
+    assert saved < model.flat.nbytes / 4  # each moment takes model.flat.nbytes
+    moments = load_checkpoint(tmp_path / "run").optimizer_state
+    assert moments.keys() == optimizer.state_dict().keys()
+    live = optimizer.state_arrays()
+    for key, value in moments.items():
+        assert np.array_equal(value, live[key]) and not np.shares_memory(value, live[key])
+    optimizer.flat_state["exp_avg"][...] = 0.0
+    assert peak_bytes(lambda: optimizer.load_state_dict(moments)) < model.flat.nbytes / 4
+    for name, vector in optimizer.flat_state.items():  # read back into the live vectors
+        assert np.array_equal(
+            vector, np.concatenate([moments[f"{name}.{key}"].ravel() for key in model.params])
+        )
+
+
+@pytest.mark.parametrize("build", [copy_model, minigpt, gpt2])
+@pytest.mark.parametrize(
+    "sizes, larger",
+    [
+        (dict(layers=1, vocab_size=300, d_model=256, rows=1, length=2), dict(layers=3)),
+        (dict(layers=1, vocab_size=3000, d_model=64, rows=1, length=2), dict(vocab_size=30000)),
+        (dict(layers=1, vocab_size=3000, d_model=16, rows=1, length=16), dict(rows=8)),
+    ],
+    ids=["layers", "vocabulary", "rows"],
+)
+def test_what_a_step_takes_more_for_more_layers_words_or_rows_is_counted_more(build, sizes, larger):
+    """The count's slack at one size could hide a term it lacks, which a larger model or
+    batch would then miss by more and more: so what two sizes' steps take apart is counted
+    apart too, at least. Per layer (d_model 256, two positions), its weights and the copies
+    a step keeps and makes of them; per word (past where the embedding outweighs a block),
+    its embedding and readout rows and their copies; per row of a batch over 3,000 words,
+    its logits."""
+
+    def counted_and_measured(given: dict) -> tuple[int, int]:
+        model_sizes = dict(
+            vocab_size=given["vocab_size"], d_model=given["d_model"], n_heads=2, d_ff=64
+        )
+        model, run_config, length, batch, _ = run_of(
+            build, model_sizes, given["layers"], given["length"], "float32", given["rows"], 1
+        )
+        measured = first_steps_bytes(model, run_config, batch, None)
+        return step_bytes(model, run_config, length, None), measured
+
+    counted, measured = counted_and_measured(sizes)
+    counted_larger, measured_larger = counted_and_measured(sizes | larger)
+    assert measured_larger - measured <= counted_larger - counted
