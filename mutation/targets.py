@@ -169,6 +169,7 @@ NUMBER_TESTS = (
     "parity_tests/test_hf_interchange.py",
     "parity_tests/test_init.py",
     "parity_tests/test_example_batches.py",
+    "parity_tests/test_step_memory.py",
 )
 
 

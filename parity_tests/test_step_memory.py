@@ -196,20 +196,26 @@ def test_a_checkpoint_is_written_from_the_moments_and_read_into_them_without_cop
         (dict(layers=1, vocab_size=300, d_model=256, rows=1, length=2), dict(layers=3)),
         (dict(layers=1, vocab_size=3000, d_model=64, rows=1, length=2), dict(vocab_size=30000)),
         (dict(layers=1, vocab_size=3000, d_model=16, rows=1, length=16), dict(rows=8)),
+        (dict(layers=1, vocab_size=5, d_model=2, rows=1, length=16), dict(length=128)),
+        (dict(layers=1, vocab_size=5, d_model=64, rows=1, length=2), dict(d_ff=2048)),
     ],
-    ids=["layers", "vocabulary", "rows"],
+    ids=["layers", "vocabulary", "rows", "length", "d_ff"],
 )
-def test_what_a_step_takes_more_for_more_layers_words_or_rows_is_counted_more(build, sizes, larger):
+def test_what_a_larger_model_or_batch_takes_more_is_counted_more(build, sizes, larger):
     """The count's slack at one size could hide a term it lacks, which a larger model or
     batch would then miss by more and more: so what two sizes' steps take apart is counted
     apart too, at least. Per layer (d_model 256, two positions), its weights and the copies
     a step keeps and makes of them; per word (past where the embedding outweighs a block),
     its embedding and readout rows and their copies; per row of a batch over 3,000 words,
-    its logits."""
+    its logits; per position of a narrow model, its attention scores, which grow with the
+    square of the length; per unit of a wider FFN, its weights and their copies."""
 
     def counted_and_measured(given: dict) -> tuple[int, int]:
         model_sizes = dict(
-            vocab_size=given["vocab_size"], d_model=given["d_model"], n_heads=2, d_ff=64
+            vocab_size=given["vocab_size"],
+            d_model=given["d_model"],
+            n_heads=2,
+            d_ff=given.get("d_ff", 64),
         )
         model, run_config, length, batch, _ = run_of(
             build, model_sizes, given["layers"], given["length"], "float32", given["rows"], 1
