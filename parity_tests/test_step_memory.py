@@ -43,8 +43,10 @@ from numpy_engine.parallel import DataParallel, OneProcess
 GENEROUS_AT_MOST = 8.0
 
 
-def copy_model(sizes: dict, layers: int, length: int, dtype: str):
-    config = Seq2SeqConfig(**sizes, n_encoder_layers=layers, n_decoder_layers=layers, dtype=dtype)
+def copy_model(sizes: dict, layers: int | tuple[int, int], length: int, dtype: str):
+    """layers: for both stacks, or (encoder's, decoder's)."""
+    encoder, decoder = layers if isinstance(layers, tuple) else (layers, layers)
+    config = Seq2SeqConfig(**sizes, n_encoder_layers=encoder, n_decoder_layers=decoder, dtype=dtype)
     return Seq2SeqTransformer(config, seed=0), SequenceTrainConfig
 
 
@@ -226,3 +228,20 @@ def test_what_a_larger_model_or_batch_takes_more_is_counted_more(build, sizes, l
     counted, measured = counted_and_measured(sizes)
     counted_larger, measured_larger = counted_and_measured(sizes | larger)
     assert measured_larger - measured <= counted_larger - counted
+
+
+@pytest.mark.parametrize("deeper", [(3, 1), (1, 3)], ids=["encoder", "decoder"])
+def test_what_a_deeper_encoder_or_decoder_takes_more_is_counted_more(deeper):
+    """As above, for the copy model's two stacks apart: a decoder layer keeps more stacked
+    weights (its cross-attention's keys and values too) than an encoder layer does. Eight
+    rows of 16 positions, so that the layers' activations count too."""
+    sizes = dict(vocab_size=40, d_model=128, n_heads=2, d_ff=64)
+
+    def counted_and_measured(layers) -> tuple[int, int]:
+        model, run_config, length, batch, _ = run_of(copy_model, sizes, layers, 16, "float32", 8, 1)
+        measured = first_steps_bytes(model, run_config, batch, None)
+        return step_bytes(model, run_config, length, None), measured
+
+    counted, measured = counted_and_measured((1, 1))
+    counted_deeper, measured_deeper = counted_and_measured(deeper)
+    assert measured_deeper - measured <= counted_deeper - counted
