@@ -296,7 +296,9 @@ def resume(
     """Continue the run whose checkpoint is in out_dir, to its configured number of steps, or
     to `steps` (more than it has done): the same parameters, bit for bit, as a run asked for
     that many steps from the start (the learning rate has no schedule that steps would set).
-    checkpoint: out_dir's, when the caller has loaded it already (else it is loaded here)."""
+    checkpoint: out_dir's, when the caller has loaded it already (else it is loaded here);
+    its optimizer_state is emptied once read into the optimizer: kept, it would hold a second
+    copy of the moments for the whole run (1 GB on GPT-2)."""
     checkpoint = load_checkpoint(out_dir) if checkpoint is None else checkpoint
     meta = checkpoint.meta
     missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
@@ -321,6 +323,7 @@ def resume(
     checkpointing = Checkpointing(Path(out_dir), checkpoint_every)  # saved when stopped, too
     optimizer = cfg.optimizer(model.params)
     optimizer.load_state_dict(checkpoint.optimizer_state)
+    checkpoint.optimizer_state.clear()
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
     return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta, parallel)
 

@@ -7,15 +7,17 @@ so many more that a run that fits would be refused."""
 from __future__ import annotations
 
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from numpy_engine import loop, memory
+from numpy_engine import checkpoint as checkpoint_module
+from numpy_engine import loop, memory, train
 from numpy_engine.checkpoint import load_checkpoint
-from numpy_engine.configs import CharTrainConfig, SequenceTrainConfig
+from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
 from numpy_engine.loop import (
     STEP_OVERHEAD_BYTES,
     Checkpointing,
@@ -245,3 +247,25 @@ def test_what_a_deeper_encoder_or_decoder_takes_more_is_counted_more(deeper):
     counted, measured = counted_and_measured((1, 1))
     counted_deeper, measured_deeper = counted_and_measured(deeper)
     assert measured_deeper - measured <= counted_deeper - counted
+
+
+def test_a_resumed_run_holds_the_moments_once(tmp_path):
+    """The moments read from a checkpoint go into the optimizer, and the checkpoint's own
+    arrays of them go: kept for the whole resumed run (the command line holds the checkpoint
+    it checked the flags against), they were twice the parameters' bytes more (1 GB on
+    GPT-2), which the memory check, counting the optimizer as made, did not count. Of what
+    reading the checkpoint allocated, the model's parameters alone are left."""
+    out = tmp_path / "run"
+    run_config = replace(REFERENCE_RUNS["char-lm"], steps=2, batch_size=1, context=4)
+    train.train_char_lm(run_config, progress_stream=None, checkpointing=Checkpointing(out, 1))
+    tracemalloc.start(16)  # frames enough to see checkpoint.py under each array it made
+    try:
+        checkpoint = load_checkpoint(out)
+        run = train.resume(out, progress_stream=None, steps=4, checkpoint=checkpoint)
+        read = tracemalloc.Filter(True, checkpoint_module.__file__, all_frames=True)
+        held = tracemalloc.take_snapshot().filter_traces([read]).statistics("filename")
+    finally:
+        tracemalloc.stop()
+    assert run.result["steps"] == 4 and checkpoint.model is run.model
+    parameter_bytes = run.model.flat.nbytes
+    assert parameter_bytes <= sum(stat.size for stat in held) < 1.5 * parameter_bytes
