@@ -274,14 +274,16 @@ def step_bytes(model: Model, cfg, length: int, state: TrainState | None, paralle
     (parallel.DataParallel) with its scratch, as large as the largest parameter; for batches
     of cfg.batch_size rows of `length` positions, of which one forward and backward takes a
     micro-batch's rows."""
-    vectors, values, rows = 1, 0, cfg.batch_size  # the gradients; the rows a forward takes
+    vectors = 1  # parameter-sized: the gradients
+    rows, scratch = cfg.batch_size, 0  # the rows one forward takes; the reduction's scratch
     if state is None:
         vectors += len(cfg.optimizer_class.state_names)
     if parallel is not None and not parallel.plain:
         vectors += 1
-        values = max(p.size for p in model.params.values())
+        scratch = max(p.size for p in model.params.values())
         rows = parallel.micro_batch_rows(cfg.batch_size)
-    values += type(model).step_values(model.config, rows, length) + vectors * model.flat.size
+    values = type(model).step_values(model.config, rows, length)
+    values += vectors * model.flat.size + scratch
     return values * model.flat.itemsize + STEP_OVERHEAD_BYTES
 
 
