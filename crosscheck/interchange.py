@@ -63,8 +63,9 @@ def import_state_dict(path: str | Path, out: str | Path, config_path: str | Path
         if not isinstance(description, dict):
             raise TypeError(f"a JSON {type(description).__name__}, not an object")
         kind = model_class(description["kind"])
-        model = kind(kind.config_class(**description["config"]))
+        config = kind.config_class(**description["config"])
     except (OSError, KeyError, TypeError, ValueError) as error:
         raise InputError(f"{config_path}: cannot read the model description ({error})") from None
-    model.load_params({key: np.array(t.detach().numpy()) for key, t in state_dict.items()})
+    params = {key: np.array(t.detach().numpy()) for key, t in state_dict.items()}
+    model = kind.with_params(config, params)
     return save_checkpoint(out, model, None, description.get("meta", {}))

@@ -134,10 +134,9 @@ def _from_arrays(path: Path, arrays: dict) -> Checkpoint:
         meta = json.loads(str(arrays["meta"]))
     except (TypeError, ValueError) as error:  # JSONDecodeError is a ValueError
         raise InputError(f"checkpoint {path}: unreadable config or meta ({error})") from None
-    model = model_class(config)
     params = {k.removeprefix("param/"): v for k, v in arrays.items() if k.startswith("param/")}
     try:
-        model.load_params(params)
+        model = model_class.with_params(config, params)
     except (ValueError, TypeError) as error:
         raise InputError(f"checkpoint {path}: does not match its config: {error}") from None
     optimizer_state = {

@@ -180,9 +180,8 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     state = _read_weights(st, directory)
     dtype = "float64" if any(v.dtype == np.float64 for v in state.values()) else "float32"
     config = config_from_hf(hf_config, dtype)
-    model = GPT2(config)
     params = engine_params_from_hf(state, config.n_layers)
-    model.load_params({key: value.astype(dtype) for key, value in params.items()})
+    model = GPT2.with_params(config, {key: value.astype(dtype) for key, value in params.items()})
     meta = {"task": "import-hf", "source": str(directory)}
     tokenizer = directory / "tokenizer.json"
     if tokenizer.is_file():

@@ -72,8 +72,8 @@ def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.nda
     return views
 
 
-def check_params(params: dict, expected: dict) -> dict[str, np.ndarray]:
-    """Same keys, shapes and dtypes as expected; returns copies so nothing is shared."""
+def check_params(params: dict, expected: dict) -> None:
+    """Same keys, shapes and dtypes as expected, and finite values."""
     missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
     if missing or extra:
         raise InputError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
@@ -85,4 +85,3 @@ def check_params(params: dict, expected: dict) -> dict[str, np.ndarray]:
         if value.dtype != ref.dtype:
             raise InputTypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
         checks.check_finite(f"params[{key!r}]", value)
-    return {key: np.array(params[key]) for key in expected}

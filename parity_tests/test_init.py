@@ -14,13 +14,16 @@ wrong family is far outside it.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
+import pytest
 import torch
 from transformers import GPT2Config as HFConfig
 from transformers import GPT2LMHeadModel
 
 import torch_reference
+from numpy_engine.checks import InputError
 from numpy_engine.hf import engine_params_from_hf, hf_config_from_engine
 from numpy_engine.models import GPT2, GPT2Config, GPTConfig, MiniGPT, Seq2SeqConfig
 from numpy_engine.models import Seq2SeqTransformer as EngineSeq2Seq
@@ -142,3 +145,35 @@ def test_the_gpt2_preset_is_transformers_gpt2_with_its_124439808_parameters():
         768,
         50256,
     )
+
+
+@pytest.mark.parametrize(
+    "kind, config",
+    [
+        (EngineSeq2Seq, Seq2SeqConfig(vocab_size=11, n_encoder_layers=2, **SIZES)),
+        (MiniGPT, GPTConfig(vocab_size=11, n_layers=2, max_len=7, **SIZES)),
+        (GPT2, GPT2Config(vocab_size=11, n_layers=2, max_len=7, **SIZES)),
+    ],
+    ids=["seq2seq", "minigpt", "gpt2"],
+)
+def test_a_model_made_from_weights_holds_them_and_draws_none(monkeypatch, kind, config):
+    """Model.with_params, how a checkpoint, an import and with_dtype make a model: the
+    weights given, in the parameter vector's order, as a model drawn and then loaded holds
+    them; no initial weights drawn on the way (GPT-2's took 3-5 s at every read of a
+    checkpoint); and weights of the wrong shape refused as load_params refuses them."""
+    drawn = kind(config, seed=1)
+    rng = np.random.default_rng(2)
+    weights = {key: rng.standard_normal(value.shape) for key, value in drawn.params.items()}
+    drawn.load_params(weights)
+
+    def no_draws(*args, **kwargs):
+        raise AssertionError("initial weights drawn for a model whose weights were given")
+
+    monkeypatch.setattr(np.random, "default_rng", no_draws)
+    made = kind.with_params(config, weights)
+    assert list(made.params) == list(drawn.params) and np.array_equal(made.flat, drawn.flat)
+    assert not any(np.shares_memory(made.flat, value) for value in weights.values())
+    key = next(iter(weights))
+    wrong = weights | {key: weights[key][:-1]}
+    with pytest.raises(InputError, match=rf"^params\['{re.escape(key)}'\] must have shape"):
+        kind.with_params(config, wrong)

@@ -55,6 +55,21 @@ class Decoder(Protocol):
     def append(self, next_ids: np.ndarray) -> None: ...  # (B,)
 
 
+class _NoDraws:
+    """Stands in for the random generator of a model whose weights are replaced at once
+    (Model.with_params): each draw is zeros of its shape, which the system provides page by
+    page only as they are written. The kinds' initialisers draw with these three."""
+
+    def normal(self, loc=0.0, scale=1.0, size=None) -> np.ndarray:
+        return np.zeros(size)
+
+    def uniform(self, low=0.0, high=1.0, size=None) -> np.ndarray:
+        return np.zeros(size)
+
+    def standard_normal(self, size=None) -> np.ndarray:
+        return np.zeros(size)
+
+
 class Model:
     """What every model kind provides. Subclasses set the class attributes and implement the
     methods that raise NotImplementedError; the rest is shared."""
@@ -65,8 +80,21 @@ class Model:
     continues_prompt: bool  # True: generate() continues ids; False: greedy_decode() a source
 
     def __init__(self, config, seed: int = 0) -> None:
+        self._build(config, np.random.default_rng(seed))
+
+    @classmethod
+    def with_params(cls, config, params: dict[str, np.ndarray]):
+        """A model of config holding params (checked as load_params checks them), built
+        without first drawing the initial weights that params replace: GPT-2's draws took
+        3-5 s and 1 GB of float64, each time a checkpoint was read."""
+        model = cls.__new__(cls)
+        model._build(config, _NoDraws())
+        model.load_params(params)
+        return model
+
+    def _build(self, config, rng) -> None:
         self.config = config
-        initial = self._init_params(config, np.random.default_rng(seed))
+        initial = self._init_params(config, rng)
         size = sum(value.size for value in initial.values())
         # every parameter, one vector on a cache line (the optimizer walks it in blocks)
         self.flat = flatten(initial, aligned_empty(size, config.dtype))
@@ -166,15 +194,15 @@ class Model:
 
     def load_params(self, params: dict[str, np.ndarray]) -> None:
         """Copy params (which must match keys, shapes and dtypes) into this model's weights."""
-        for key, value in check_params(params, self.params).items():
-            self.params[key][...] = value  # into self.flat
+        check_params(params, self.params)
+        for key, value in self.params.items():
+            value[...] = params[key]  # a copy, into self.flat
 
     def with_dtype(self, dtype: str):
         """A copy of this model with its config and weights cast to dtype ("float32"/"float64")."""
         checks.check_choice("dtype", dtype, DTYPES)
-        twin = type(self)(dataclasses.replace(self.config, dtype=dtype))
-        twin.load_params({key: value.astype(dtype) for key, value in self.params.items()})
-        return twin
+        params = {key: value.astype(dtype) for key, value in self.params.items()}
+        return type(self).with_params(dataclasses.replace(self.config, dtype=dtype), params)
 
     def num_parameters(self) -> int:
         return self.flat.size
