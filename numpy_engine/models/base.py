@@ -104,6 +104,8 @@ class Model:
 
     @staticmethod
     def _init_params(config, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """The initial weights, keyed like state_dict, drawn with rng's normal, uniform or
+        standard_normal (a model made from given weights passes _NoDraws instead)."""
         raise NotImplementedError
 
     def forward(self, *inputs: np.ndarray) -> tuple:
