@@ -174,6 +174,8 @@ def test_a_model_made_from_weights_holds_them_and_draws_none(monkeypatch, kind, 
     assert list(made.params) == list(drawn.params) and np.array_equal(made.flat, drawn.flat)
     assert not any(np.shares_memory(made.flat, value) for value in weights.values())
     key = next(iter(weights))
-    wrong = weights | {key: weights[key][:-1]}
-    with pytest.raises(InputError, match=rf"^params\['{re.escape(key)}'\] must have shape"):
-        kind.with_params(config, wrong)
+    shape, short = weights[key].shape, weights[key][:-1]
+    for value, got in ((short, short.shape), (short.tolist(), "list")):
+        message = rf"^params\['{re.escape(key)}'\] must have shape {re.escape(str(shape))}, got "
+        with pytest.raises(InputError, match=message + re.escape(str(got)) + "$"):
+            kind.with_params(config, weights | {key: value})
