@@ -193,6 +193,15 @@ def test_a_checkpoint_is_written_from_the_moments_and_read_into_them_without_cop
         )
 
 
+def counted_and_measured_bytes(
+    build, sizes: dict, layers, length: int, rows: int
+) -> tuple[int, int]:
+    """(counted, measured) bytes of a float32 run of one process, batches of `rows` rows."""
+    model, run_config, length, batch, _ = run_of(build, sizes, layers, length, "float32", rows, 1)
+    measured = first_steps_bytes(model, run_config, batch, None)
+    return step_bytes(model, run_config, length, None), measured
+
+
 @pytest.mark.parametrize("build", [copy_model, minigpt, gpt2])
 @pytest.mark.parametrize(
     "sizes, larger",
@@ -221,11 +230,9 @@ def test_what_a_larger_model_or_batch_takes_more_is_counted_more(build, sizes, l
             n_heads=2,
             d_ff=given.get("d_ff", 64),
         )
-        model, run_config, length, batch, _ = run_of(
-            build, model_sizes, given["layers"], given["length"], "float32", given["rows"], 1
+        return counted_and_measured_bytes(
+            build, model_sizes, given["layers"], given["length"], given["rows"]
         )
-        measured = first_steps_bytes(model, run_config, batch, None)
-        return step_bytes(model, run_config, length, None), measured
 
     counted, measured = counted_and_measured(sizes)
     counted_larger, measured_larger = counted_and_measured(sizes | larger)
@@ -238,14 +245,8 @@ def test_what_a_deeper_encoder_or_decoder_takes_more_is_counted_more(deeper):
     weights (its cross-attention's keys and values too) than an encoder layer does. Eight
     rows of 16 positions, so that the layers' activations count too."""
     sizes = dict(vocab_size=40, d_model=128, n_heads=2, d_ff=64)
-
-    def counted_and_measured(layers) -> tuple[int, int]:
-        model, run_config, length, batch, _ = run_of(copy_model, sizes, layers, 16, "float32", 8, 1)
-        measured = first_steps_bytes(model, run_config, batch, None)
-        return step_bytes(model, run_config, length, None), measured
-
-    counted, measured = counted_and_measured((1, 1))
-    counted_deeper, measured_deeper = counted_and_measured(deeper)
+    counted, measured = counted_and_measured_bytes(copy_model, sizes, (1, 1), 16, 8)
+    counted_deeper, measured_deeper = counted_and_measured_bytes(copy_model, sizes, deeper, 16, 8)
     assert measured_deeper - measured <= counted_deeper - counted
 
 
