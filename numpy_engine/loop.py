@@ -18,6 +18,7 @@ from numpy_engine.checks import InputError
 from numpy_engine.memory import check_fits
 from numpy_engine.models import Model
 from numpy_engine.optim import NonFiniteGradients, Optimizer
+from numpy_engine.parallel import OneProcess
 from numpy_engine.params import unflatten
 from numpy_engine.stopping import StopRequests, TrainingInterrupted
 
@@ -261,9 +262,17 @@ STEP_OVERHEAD_BYTES = 4 * 2**20
 def check_step_fits(
     what: str, model: Model, cfg, length: int, state: TrainState | None, parallel=None
 ) -> None:
-    """Refuse, up front, a step that cannot fit in memory (step_bytes)."""
+    """Refuse, up front, a step that cannot fit in memory (step_bytes). The ranks of a
+    data-parallel run that share a machine take their steps there at once: their bytes
+    are counted together, against the least free memory any rank reads once every rank
+    holds its model, so that every rank decides alike (parallel.MPIGroup)."""
+    group = OneProcess() if parallel is None else parallel.group
+    ranks = group.ranks_on_this_node
     tokens = f"{cfg.batch_size * length:,} tokens a step"
-    check_fits(f"{what} ({tokens})", step_bytes(model, cfg, length, state, parallel))
+    if ranks > 1:
+        tokens += f" on each of {ranks} ranks on this machine"
+    needed = ranks * step_bytes(model, cfg, length, state, parallel)
+    check_fits(f"{what} ({tokens})", needed, group.least_free_memory())
 
 
 def step_bytes(model: Model, cfg, length: int, state: TrainState | None, parallel=None) -> int:

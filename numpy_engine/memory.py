@@ -75,9 +75,9 @@ def available_bytes() -> int | None:
     return None
 
 
-def check_fits(what: str, needed: int) -> None:
-    """ValueError, saying how much is needed, when `needed` bytes exceed what is available."""
-    available = available_bytes()
+def check_fits(what: str, needed: int, available: int | None) -> None:
+    """ValueError, saying how much is needed, when `needed` bytes exceed `available` (as
+    available_bytes reads it; None: unknown, and nothing is refused)."""
     if available is not None and needed > available:
         gib = 2**30
         raise InputError(

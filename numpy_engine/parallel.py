@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from numpy_engine import memory
 from numpy_engine.checks import InputError
 from numpy_engine.params import unflatten
 
 RANK_COUNT_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")  # set by mpiexec (MPICH, Open MPI)
 ABORT_GRACE_SECONDS = 1.0
+UNKNOWN = 2**62  # a rank's free memory that it cannot read, in the ranks' minimum
 STDERR_READ_WAIT_SECONDS = 5.0
 
 
@@ -41,9 +43,14 @@ class OneProcess:
     """The group of a run that is not data-parallel: reductions are the identity."""
 
     rank, size = 0, 1
+    ranks_on_this_node = 1  # the ranks that share this machine's memory, this one included
 
     def allreduce_sum(self, buffer: np.ndarray) -> None:
         pass
+
+    def least_free_memory(self) -> int | None:
+        """The least bytes any rank reads free (memory.available_bytes), or None if unknown."""
+        return memory.available_bytes()
 
     def broadcast(self, array: np.ndarray) -> None:
         pass
@@ -58,9 +65,20 @@ class MPIGroup(OneProcess):
 
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks that share memory
+        self.ranks_on_this_node = node.Get_size()
+        node.Free()
 
     def allreduce_sum(self, buffer: np.ndarray) -> None:
         self.comm.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
+
+    def least_free_memory(self) -> int | None:
+        """Read once every rank holds its model (a barrier), and before any takes a step
+        (the minimum is a collective): the same number on every rank, so all decide alike."""
+        self.comm.Barrier()
+        free = memory.available_bytes()
+        least = self.comm.allreduce(UNKNOWN if free is None else free, op=self.MPI.MIN)
+        return None if least == UNKNOWN else least
 
     def broadcast(self, array: np.ndarray) -> None:
         self.comm.Bcast(array, root=0)

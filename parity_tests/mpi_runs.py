@@ -6,6 +6,8 @@ python -m parity_tests.mpi_runs gpt|copy OUT.npz [K]
     gets the final parameters and whether every rank held the same bits after every step
 python -m parity_tests.mpi_runs nan
     train char-lm --data-parallel, with a NaN loss on rank 1 from its third step on
+python -m parity_tests.mpi_runs short-of-memory
+    train char-lm --data-parallel, rank 1 reading too little free memory for both ranks
 """
 
 from __future__ import annotations
@@ -111,6 +113,19 @@ def disk_full_on_rank_0(out: str) -> int:
     return cli_main([*args, "--checkpoint-every", "5"])
 
 
+def short_of_memory_on_rank_1() -> int:
+    """train char-lm --data-parallel, each rank's step counted at 1 GiB: rank 0 reads 100
+    GiB free, rank 1 reads 1.5, enough for one rank's step but not for both ranks'."""
+    from numpy_engine import loop, memory
+    from numpy_engine.cli import main as cli_main
+    from numpy_engine.parallel import launched_rank
+
+    loop.step_bytes = lambda *args: 2**30
+    free = 100 * 2**30 if launched_rank() == 0 else 3 * 2**29
+    memory.available_bytes = lambda: free
+    return cli_main(["train", "char-lm", "--data-parallel", "--steps", "5", "--quiet"])
+
+
 def failure_on_rank_1_alone() -> int:
     """A bug (an unexpected kind of error) on rank 1 alone, outside any step, while rank 0
     waits in a collective for it."""
@@ -131,6 +146,8 @@ def main(argv: list[str]) -> int:
     scenario = argv[0]
     if scenario == "nan":
         return nan_on_rank_1()
+    if scenario == "short-of-memory":
+        return short_of_memory_on_rank_1()
     if scenario == "rank-1-alone":
         return failure_on_rank_1_alone()
     if scenario == "disk-full":

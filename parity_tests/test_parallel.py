@@ -78,6 +78,19 @@ def test_a_nan_on_rank_1_stops_both_ranks_with_one_message():
     assert time.monotonic() - start < 30
 
 
+def test_ranks_on_one_machine_are_refused_together_when_their_steps_do_not_fit():
+    """Two ranks on this machine, a step counted at 1 GiB each: rank 1 reads 1.5 GiB free,
+    rank 0 reads 100. Both refuse, on the least reading, and rank 0 says it once."""
+    result = mpiexec(2, "-m", "parity_tests.mpi_runs", "short-of-memory", timeout=60)
+    assert result.returncode == 2, result.stderr
+    said = (
+        "numpy-engine train: error: batch_size=32 with context=32 (1,024 tokens a step on each "
+        "of 2 ranks on this machine) would need about 2.0 GiB for one training step; 1.5 GiB "
+        "are available"
+    )
+    assert result.stderr.count(said) == 1 and "(on rank" not in result.stderr, result.stderr
+
+
 def test_an_error_on_rank_0_alone_ends_every_rank(tmp_path):
     """Rank 0's checkpoint write fails while rank 1 waits in the next step's Allreduce:
     MPI_Abort ends both, with rank 0's one message; the first checkpoint is intact."""

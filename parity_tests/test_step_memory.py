@@ -167,6 +167,25 @@ def test_a_run_is_refused_exactly_when_its_steps_bytes_exceed_what_is_available(
         check_step_fits("a char-lm run", model, run_config, 32, None)
 
 
+class TwoRanksOnOneMachine(OneProcess):
+    """A group whose two ranks share this machine's memory (MPIGroup's ranks_on_this_node)."""
+
+    ranks_on_this_node = 2
+
+
+def test_ranks_that_share_a_machine_are_refused_when_their_steps_together_exceed_it(monkeypatch):
+    model, run_config = minigpt(dict(vocab_size=5, d_model=8, n_heads=2, d_ff=4), 1, 32, "float32")
+    run_config = run_config(batch_size=8)
+    parallel = DataParallel(TwoRanksOnOneMachine())
+    each = step_bytes(model, run_config, 32, None, parallel)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2 * each)
+    check_step_fits("a char-lm run", model, run_config, 32, None, parallel)  # just fits
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2 * each - 1)  # one rank's would fit
+    said = r"^a char-lm run \(256 tokens a step on each of 2 ranks on this machine\) would need"
+    with pytest.raises(ValueError, match=said):
+        check_step_fits("a char-lm run", model, run_config, 32, None, parallel)
+
+
 def test_a_checkpoint_is_written_from_the_moments_and_read_into_them_without_copies(tmp_path):
     """A run's checkpoint holds the optimizer's two moments. Copied first, they were twice
     the parameters' bytes more at every save (1 GB on GPT-2, past what a step takes), and
