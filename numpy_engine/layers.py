@@ -377,10 +377,49 @@ def relu_backward(dout: np.ndarray, cache: np.ndarray, out: np.ndarray | None = 
 
 _GELU_K = math.sqrt(2.0 / math.pi)
 _GELU_A = 0.044715
-_LOG2_E = 1.0 / math.log(2.0)  # exp(z) = exp2(z log2 e): NumPy's exp2 takes half exp's time
-# exp2's argument is capped two below the exponent that overflows (float32 126, float64
-# 1022): sized for these two dtypes only (see _exp_minus_2u)
-_EXP2_CAP = {np.dtype(t): np.finfo(t).maxexp - 2 for t in (np.float32, np.float64)}
+
+
+def _exp2_runs_in_simd() -> bool:
+    """Whether this NumPy runs float32 exp2 with SIMD on this processor. With AVX-512 (Zen 4,
+    the Xeon) its exp2 is SIMD and takes half its exp's time; on a processor without (Zen 3,
+    AVX2) exp2 is the C library's and takes twice exp's: (1024, 256) float32 exp2 0.26 G
+    entries/s, exp 0.53; GELU's forward there 2.4 -> 1.3 ms (docs/performance.md)."""
+    try:
+        from numpy.lib.introspect import opt_func_info  # NumPy >= 2.0
+
+        loop = opt_func_info(func_name="^exp2$")["exp2"]["ff"]  # ff: float32 -> float32
+    except (ImportError, KeyError):  # not known: exp2, as before this check
+        return True
+    return not loop["current"].startswith("baseline")
+
+
+class ExpForm(NamedTuple):
+    """How GELU computes e = exp(-2u): exp(z) = 2^(z log2 e), so as exp2 of the exponent in
+    octaves, or as exp itself; the exponent's constant (log_e) folds into the polynomial's."""
+
+    exp: np.ufunc  # np.exp2 or np.exp
+    square_coef: float  # -2u log_e = x (square_coef x^2 - offset), u = k x (1 + a x^2)
+    offset: float
+    cap: dict  # dtype: the exponent's cap (exp_form)
+
+
+def exp_form(exp: np.ufunc) -> ExpForm:
+    """GELU's ExpForm by exp (np.exp2 or np.exp). The exponent is capped where e reaches
+    2^(maxexp - 2) (float32 2^126, float64 2^1022), two octaves below the power of two that
+    overflows: the largest exponent of the dtype where exp is at most that (126 ln 2 rounds
+    up in float32: one step down). For float32 and float64 only (_exp_minus_2u)."""
+    log_e, octave = (1.0 / math.log(2.0), 1.0) if exp is np.exp2 else (1.0, math.log(2.0))
+    caps = {}
+    for dtype in (np.float32, np.float64):
+        limit = dtype(2.0) ** (np.finfo(dtype).maxexp - 2)
+        cap = dtype((np.finfo(dtype).maxexp - 2) * octave)
+        while exp(cap) > limit:
+            cap = np.nextafter(cap, dtype(0))
+        caps[np.dtype(dtype)] = cap
+    return ExpForm(exp, -2 * _GELU_K * _GELU_A * log_e, 2 * _GELU_K * log_e, caps)
+
+
+GELU_EXP = exp_form(np.exp2 if _exp2_runs_in_simd() else np.exp)  # the faster on this machine
 
 
 def gelu_forward(x: np.ndarray, for_backward: bool = True, out: np.ndarray | None = None) -> tuple:
@@ -396,7 +435,7 @@ def gelu_forward(x: np.ndarray, for_backward: bool = True, out: np.ndarray | Non
     x s. The chain runs on blocks of rows that stay in cache (blocking.py). out: a
     C-contiguous array shaped like x to write the output into (x itself may be out).
     """
-    if x.dtype not in _EXP2_CAP:
+    if x.dtype not in GELU_EXP.cap:
         raise InputTypeError(f"gelu_forward: x must be float32 or float64, got {x.dtype}")
     if out is None or not out.flags.c_contiguous:  # its rows must be views
         out = np.empty_like(x)
@@ -408,15 +447,11 @@ def gelu_forward(x: np.ndarray, for_backward: bool = True, out: np.ndarray | Non
     return out, slope
 
 
-_SQUARE_TO_EXP2 = -2 * _GELU_K * _GELU_A * _LOG2_E  # x^2 times this, minus the next, times x:
-_EXP2_OFFSET = 2 * _GELU_K * _LOG2_E  # -2u log2 e, u = k (x + a x^3) = x (k + k a x^2)
-
-
 def _gelu_block(x, out, slope) -> None:
     """out = x s and slope = s (1 + (1 - s) 2 x k (1 + 3 a x^2)) on one block of rows; out
     is written last, so it may be x itself."""
     np.multiply(x, x, out=slope)  # x^2, kept in slope until the derivative needs it
-    e = _exp_minus_2u(x, np.multiply(slope, _SQUARE_TO_EXP2))
+    e = _exp_minus_2u(x, np.multiply(slope, GELU_EXP.square_coef))
     s = np.add(e, 1.0)
     np.divide(1.0, s, out=s)  # s = 1 / (1 + e)
     _gelu_slope(x, s, e, slope)
@@ -427,22 +462,24 @@ def _gelu_output_block(x, out) -> None:
     """out = x / (1 + e) alone (decoding): one pass fewer than x s, the division taking x
     itself; the same values to within a rounding."""
     e = np.multiply(x, x)
-    e *= _SQUARE_TO_EXP2
+    e *= GELU_EXP.square_coef
     e = _exp_minus_2u(x, e)
     np.add(e, 1.0, out=e)
     np.divide(x, e, out=out)  # the last read of x: out may be x itself
 
 
 def _exp_minus_2u(x, e):
-    """exp(-2u), written over e = x^2 _SQUARE_TO_EXP2 (x**3 would call pow, ~100x slower)."""
-    e -= _EXP2_OFFSET
-    e *= x  # -2u log2 e
+    """exp(-2u), written over e = x^2 GELU_EXP.square_coef (x**3 would call pow, ~100x
+    slower)."""
+    form = GELU_EXP
+    e -= form.offset
+    e *= x  # -2u log_e
     # e <= 2^(maxexp - 2) (2^maxexp overflows; float32 2^126): e stays finite, so 1 - s = e s
     # is never inf * 0, and s = 1 / (1 + e) stays a normal number (far in the lower tail,
     # out = x s is then |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0). float16's
     # 2^-14 would not be negligible there (its slope at x = -30 would read -0.36): refused
-    np.minimum(e, _EXP2_CAP[x.dtype], out=e)
-    return np.exp2(e, out=e)
+    np.minimum(e, form.cap[x.dtype], out=e)
+    return form.exp(e, out=e)
 
 
 def _gelu_slope(x, s, e, slope) -> None:

@@ -37,6 +37,21 @@ def rng_of(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+# GELU's e = exp(-2u) by exp2 (AVX-512 machines) or exp (the rest): each machine runs one
+# (layers.GELU_EXP), and these tests run both, wherever they run
+EXP_FORMS = {"exp2": L.exp_form(np.exp2), "exp": L.exp_form(np.exp)}
+
+
+@contextlib.contextmanager
+def gelu_exp(name: str):
+    """GELU computed with EXP_FORMS[name] inside the block (usable inside @given tests)."""
+    chosen, L.GELU_EXP = L.GELU_EXP, EXP_FORMS[name]
+    try:
+        yield
+    finally:
+        L.GELU_EXP = chosen
+
+
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "folded input affine"])
 @given(B=small, T=small, c_in=small, c_out=small, seed=seeds)
 @example(B=1, T=1, c_in=1, c_out=1, seed=0)
@@ -156,11 +171,27 @@ def test_layernorm(B, T, C, mean, seed):
     check_layer(cases.layernorm(rng, B, T, C, mean), rng, float32=C >= 3)
 
 
+@pytest.mark.parametrize("exp", EXP_FORMS)
 @given(kind=activations, B=small, T=small, C=small, mean=st.sampled_from([0.0, -6.0]), seed=seeds)
 @example(kind="gelu", B=2, T=2, C=3, mean=-6.0, seed=0)  # 1 + tanh(u) would be rounding noise
-def test_activation(kind, B, T, C, mean, seed):
+def test_activation(exp, kind, B, T, C, mean, seed):
     rng = rng_of(seed)
-    check_layer(cases.activation(rng, kind, B, T, C, mean), rng)
+    with gelu_exp(exp):
+        check_layer(cases.activation(rng, kind, B, T, C, mean), rng)
+
+
+@pytest.mark.parametrize("exp", EXP_FORMS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelus_exponent_is_capped_where_e_reaches_two_to_the_maxexp_less_two(exp, dtype):
+    """The largest exponent of the dtype whose exp (or exp2) is at most 2^(maxexp - 2): e
+    stays finite, and s = 1 / (1 + e) at the cap is still a normal number. exp's 126 ln 2
+    rounds up in float32, where s would be subnormal: the cap is one step below it."""
+    form, limit = EXP_FORMS[exp], dtype(2.0) ** (np.finfo(dtype).maxexp - 2)
+    cap = form.cap[np.dtype(dtype)]
+    assert cap.dtype == dtype and form.exp(cap) <= limit < form.exp(np.nextafter(cap, dtype(1e9)))
+    assert 1 / (1 + form.exp(cap)) >= np.finfo(dtype).tiny
+    if exp == "exp2":
+        assert cap == np.finfo(dtype).maxexp - 2  # 126 and 1022: e reaches 2^cap exactly
 
 
 @given(kind=activations, B=small, T=small, C=small, F_=st.integers(1, 8), seed=seeds)
@@ -362,8 +393,9 @@ def test_activation_backward_into_its_own_dout_is_the_fresh_result(kind):
     assert np.array_equal(cache, kept)
 
 
+@pytest.mark.parametrize("exp", EXP_FORMS)
 @pytest.mark.parametrize(("dtype", "tail"), [(np.float32, (9.0, 12.0)), (np.float64, (20.0, 23.0))])
-def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail):
+def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail, exp):
     """Far in the tails e = exp(-2u) leaves the float range: it underflows in the upper tail
     and is capped in the lower (float32 x below ~-10.0, float64 ~-21.1). An earlier backward
     took 1 / e, which overflowed where e was below 1 / dtype's max (float32 x ~10.0-10.7,
@@ -374,7 +406,7 @@ def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail):
 
     x = np.concatenate([np.linspace(*tail, 3001), -np.linspace(*tail, 3001)]).astype(dtype)
     dout = rng_of(0).standard_normal(x.shape).astype(dtype)
-    with np.errstate(over="raise", divide="raise"):
+    with np.errstate(over="raise", divide="raise"), gelu_exp(exp):
         out, cache = L.gelu_forward(x)
         dx = L.gelu_backward(dout, cache)
     x_ref = torch.tensor(x, dtype=torch.float64, requires_grad=True)
@@ -473,18 +505,22 @@ def test_slices_cover_the_range_in_blocks_of_about_block_bytes():
     assert slices(0, 4, 12) == [slice(0, 0)]  # nothing: one empty slice (it fits)
 
 
+@pytest.mark.parametrize("exp", EXP_FORMS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gelu_without_its_derivative_is_the_same_output(dtype):
+def test_gelu_without_its_derivative_is_the_same_output(dtype, exp):
     """for_backward=False (decoding) leaves out the derivative the backward would read: no
     cache, and the output within two roundings (x / (1 + e) against x (1 / (1 + e))), tails
-    included: where e is capped, both are x 2^-cap exactly."""
+    included; where e is capped at a power of two (exp2's 2^cap), both are x 2^-cap exactly."""
     x = np.concatenate([np.linspace(-25, 25, 2002), [-1e3, 1e3]]).astype(dtype).reshape(3, -1)
-    out, slope = L.gelu_forward(x)
-    forward_only, cache = L.gelu_forward(x, for_backward=False)
+    with gelu_exp(exp):
+        out, slope = L.gelu_forward(x)
+        forward_only, cache = L.gelu_forward(x, for_backward=False)
     assert cache is None and slope.shape == x.shape
     np.testing.assert_allclose(forward_only, out, rtol=2 * np.finfo(dtype).eps, atol=0)
     capped = x < -22  # past float32 x ~ -10.0 and float64 ~ -21.1
-    assert capped.sum() > 10 and np.array_equal(forward_only[capped], out[capped])
+    assert capped.sum() > 10
+    if exp == "exp2":
+        assert np.array_equal(forward_only[capped], out[capped])
 
 
 def test_row_blocks_hold_about_block_bytes_of_the_first_input(monkeypatch):
