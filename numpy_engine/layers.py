@@ -478,7 +478,12 @@ def _exp_minus_2u(x, e):
     # is never inf * 0, and s = 1 / (1 + e) stays a normal number (far in the lower tail,
     # out = x s is then |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0). float16's
     # 2^-14 would not be negligible there (its slope at x = -30 would read -0.36): refused
-    np.minimum(e, form.cap[x.dtype], out=e)
+    # Capped only when an exponent exceeds the cap (float32 x below ~-10): the max is one
+    # reduction, where np.minimum by a scalar is a pass at a quarter of its speed on AVX2
+    # (Zen 3: 5.0 against 1.25 G entries/s); an empty block's max is the initial -inf
+    cap = form.cap[x.dtype]
+    if np.max(e, initial=-np.inf) > cap:
+        np.minimum(e, cap, out=e)
     return form.exp(e, out=e)
 
 
