@@ -476,7 +476,7 @@ def _exp_minus_2u(x, e):
     e *= x  # -2u log_e
     # e <= 2^(maxexp - 2) (2^maxexp overflows; float32 2^126): e stays finite, so 1 - s = e s
     # is never inf * 0, and s = 1 / (1 + e) stays a normal number (far in the lower tail,
-    # out = x s is then |x| 2^-cap, float32 ~1e-37, where tanh's form gives 0). float16's
+    # out = x s is then about |x| 2^-126 in float32, ~1e-37, where tanh's form gives 0). float16's
     # 2^-14 would not be negligible there (its slope at x = -30 would read -0.36): refused
     # Capped only when an exponent exceeds the cap (float32 x below ~-10): the max is one
     # reduction, where np.minimum by a scalar is a pass at a quarter of its speed on AVX2
