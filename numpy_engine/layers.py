@@ -382,8 +382,9 @@ _GELU_A = 0.044715
 def _exp2_runs_in_simd() -> bool:
     """Whether this NumPy runs float32 exp2 with SIMD on this processor. With AVX-512 (Zen 4,
     the Xeon) its exp2 is SIMD and takes half its exp's time; on a processor without (Zen 3,
-    AVX2) exp2 is the C library's and takes twice exp's: (1024, 256) float32 exp2 0.26 G
-    entries/s, exp 0.53; GELU's forward there 2.4 -> 1.3 ms (docs/performance.md)."""
+    AVX2) exp2 is the C library's and takes twice exp's: 64K float32 numbers, exp2 0.26 G
+    a second, exp 0.53; GELU's (1024, 256) forward there 2.2-2.6 -> 1.1-1.6 ms
+    (docs/performance.md)."""
     try:
         from numpy.lib.introspect import opt_func_info  # NumPy >= 2.0
 
