@@ -8,6 +8,8 @@ python -m parity_tests.mpi_runs nan
     train char-lm --data-parallel, with a NaN loss on rank 1 from its third step on
 python -m parity_tests.mpi_runs short-of-memory
     train char-lm --data-parallel, rank 1 reading too little free memory for both ranks
+python -m parity_tests.mpi_runs late-model MARKER
+    the same, rank 1 building its model late, rank 0's free memory falling when it has
 """
 
 from __future__ import annotations
@@ -126,6 +128,32 @@ def short_of_memory_on_rank_1() -> int:
     return cli_main(["train", "char-lm", "--data-parallel", "--steps", "5", "--quiet"])
 
 
+def model_built_late_on_rank_1(marker: str) -> int:
+    """train char-lm --data-parallel, each rank's step counted at 1 GiB, both ranks reading
+    100 GiB free, except that once rank 1 has built its model (it takes a second: the
+    marker file is written then) rank 0 reads 1.5 GiB: rank 1's model took the rest. Only
+    if rank 0 reads after that do the two ranks refuse together."""
+    import os
+    import time
+
+    from numpy_engine import loop, memory
+    from numpy_engine.cli import main as cli_main
+    from numpy_engine.parallel import launched_rank
+
+    def step_bytes(*args):
+        if launched_rank() == 1:
+            time.sleep(1.0)  # building its model, late
+            open(marker, "w").close()
+        return 2**30
+
+    def available_bytes():  # rank 1 itself reads 100 GiB: only rank 0's reading can refuse
+        taken = launched_rank() == 0 and os.path.exists(marker)
+        return 3 * 2**29 if taken else 100 * 2**30
+
+    loop.step_bytes, memory.available_bytes = step_bytes, available_bytes
+    return cli_main(["train", "char-lm", "--data-parallel", "--steps", "5", "--quiet"])
+
+
 def failure_on_rank_1_alone() -> int:
     """A bug (an unexpected kind of error) on rank 1 alone, outside any step, while rank 0
     waits in a collective for it."""
@@ -148,6 +176,8 @@ def main(argv: list[str]) -> int:
         return nan_on_rank_1()
     if scenario == "short-of-memory":
         return short_of_memory_on_rank_1()
+    if scenario == "late-model":
+        return model_built_late_on_rank_1(argv[1])
     if scenario == "rank-1-alone":
         return failure_on_rank_1_alone()
     if scenario == "disk-full":

@@ -91,6 +91,17 @@ def test_ranks_on_one_machine_are_refused_together_when_their_steps_do_not_fit()
     assert result.stderr.count(said) == 1 and "(on rank" not in result.stderr, result.stderr
 
 
+def test_ranks_read_their_free_memory_only_once_every_rank_holds_its_model(tmp_path):
+    """Rank 1 builds its model a second late; until then rank 0 reads 100 GiB free, after it
+    1.5. The ranks read after a barrier, so rank 0 sees what rank 1's model took, and both
+    refuse a step counted at 1 GiB a rank."""
+    marker = tmp_path / "rank-1-built-its-model"
+    result = mpiexec(2, "-m", "parity_tests.mpi_runs", "late-model", str(marker), timeout=60)
+    assert result.returncode == 2, result.stderr
+    said = "would need about 2.0 GiB for one training step; 1.5 GiB are available"
+    assert marker.exists() and result.stderr.count(said) == 1, result.stderr
+
+
 def test_an_error_on_rank_0_alone_ends_every_rank(tmp_path):
     """Rank 0's checkpoint write fails while rank 1 waits in the next step's Allreduce:
     MPI_Abort ends both, with rank 0's one message; the first checkpoint is intact."""
