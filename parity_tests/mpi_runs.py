@@ -115,29 +115,33 @@ def disk_full_on_rank_0(out: str) -> int:
     return cli_main([*args, "--checkpoint-every", "5"])
 
 
-def short_of_memory_on_rank_1() -> int:
-    """train char-lm --data-parallel, each rank's step counted at 1 GiB: rank 0 reads 100
-    GiB free, rank 1 reads 1.5, enough for one rank's step but not for both ranks'."""
+def char_lm_with_memory(step_bytes, available_bytes) -> int:
+    """train char-lm --data-parallel with the memory check's two readings replaced: what a
+    rank's step is counted at (loop.step_bytes) and what it reads free."""
     from numpy_engine import loop, memory
     from numpy_engine.cli import main as cli_main
-    from numpy_engine.parallel import launched_rank
 
-    loop.step_bytes = lambda *args: 2**30
-    free = 100 * 2**30 if launched_rank() == 0 else 3 * 2**29
-    memory.available_bytes = lambda: free
+    loop.step_bytes, memory.available_bytes = step_bytes, available_bytes
     return cli_main(["train", "char-lm", "--data-parallel", "--steps", "5", "--quiet"])
 
 
+def short_of_memory_on_rank_1() -> int:
+    """Each rank's step counted at 1 GiB: rank 0 reads 100 GiB free, rank 1 reads 1.5,
+    enough for one rank's step but not for both ranks'."""
+    from numpy_engine.parallel import launched_rank
+
+    free = 100 * 2**30 if launched_rank() == 0 else 3 * 2**29
+    return char_lm_with_memory(lambda *args: 2**30, lambda: free)
+
+
 def model_built_late_on_rank_1(marker: str) -> int:
-    """train char-lm --data-parallel, each rank's step counted at 1 GiB, both ranks reading
-    100 GiB free, except that once rank 1 has built its model (it takes a second: the
-    marker file is written then) rank 0 reads 1.5 GiB: rank 1's model took the rest. Only
-    if rank 0 reads after that do the two ranks refuse together."""
+    """Each rank's step counted at 1 GiB, both ranks reading 100 GiB free, except that once
+    rank 1 has built its model (it takes a second: the marker file is written then) rank 0
+    reads 1.5 GiB: rank 1's model took the rest. Only if rank 0 reads after that do the two
+    ranks refuse together."""
     import os
     import time
 
-    from numpy_engine import loop, memory
-    from numpy_engine.cli import main as cli_main
     from numpy_engine.parallel import launched_rank
 
     def step_bytes(*args):
@@ -150,8 +154,7 @@ def model_built_late_on_rank_1(marker: str) -> int:
         taken = launched_rank() == 0 and os.path.exists(marker)
         return 3 * 2**29 if taken else 100 * 2**30
 
-    loop.step_bytes, memory.available_bytes = step_bytes, available_bytes
-    return cli_main(["train", "char-lm", "--data-parallel", "--steps", "5", "--quiet"])
+    return char_lm_with_memory(step_bytes, available_bytes)
 
 
 def failure_on_rank_1_alone() -> int:
