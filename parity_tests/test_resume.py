@@ -237,26 +237,20 @@ def assert_written_over_nothing(trained, pt, back, capsys) -> None:
     assert {path: path.read_bytes() for path in kept} == kept
 
 
-def test_import_refuses_anything_but_weights(trained, tmp_path):
+def test_import_refuses_anything_but_weights(trained, tmp_path, capsys):
+    """A pickle that names a class (code to run on loading) is refused, not loaded."""
+    from crosscheck.cli import main as crosscheck_main
+
     pt = tmp_path / "model.pt"
-    subprocess.run(
-        cli("export", "--checkpoint", str(trained), "--to", str(pt)),
-        check=True,
-        capture_output=True,
-    )
+    assert crosscheck_main(["export", "--checkpoint", str(trained), "--to", str(pt)]) == 0
     evil = tmp_path / "evil.pt"
     torch.save({"weights": torch.zeros(1), "payload": ExplodingSeq2Seq}, evil)
-    junk = tmp_path / "junk.pt"
-    junk.write_bytes(b"not a torch file")
-    for path in (evil, junk):
-        result = subprocess.run(
-            cli("import", str(path), "--out", str(tmp_path / "x"), "--config", str(pt) + ".json"),
-            capture_output=True,
-            text=True,
-        )
-        assert result.returncode == 2 and "refused" in result.stderr, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
-        assert not (tmp_path / "x").exists()
+    capsys.readouterr()
+    args = ["import", str(evil), "--out", str(tmp_path / "x"), "--config", str(pt) + ".json"]
+    assert crosscheck_main(args) == 2
+    err = capsys.readouterr().err
+    assert "refused: it is not a weights-only file" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize(
