@@ -44,25 +44,27 @@ def test_generation_benchmark_decodes_a_batch_at_a_width(capsys):
 
 
 def test_train_step_benchmark_one_step_smoke(tmp_path, capsys):
+    """char-lm, with its memory probes and its matmul floor (copy, which has no floor, runs
+    through `numpy-engine bench` in the test after the next)."""
     out = tmp_path / "bench.json"
-    assert (
-        bench_command(["bench", "--configs", "copy", "char-lm", "--steps", "1", "--json", str(out)])
-        == 0
-    )
+    assert bench_command(["bench", "--configs", "char-lm", "--steps", "1", "--json", str(out)]) == 0
     summary = json.loads(out.read_text())
-    for name in ("copy", "char-lm"):
-        row = summary["configs"][name]
-        assert row["engine_ms"] > 0 and row["torch_ms"] > 0 and row["flops_per_step"] > 0
-        assert row["engine_peak_mb"] > 0 and row["torch_peak_mb"] > 0
-        assert 100 < row["numpy_calls"] < 5000  # a small model's step: hundreds of calls
-        assert row["ratio_middle_half"] == [row["ratio"], row["ratio"]]  # one pair: its own
-    char_lm = summary["configs"]["char-lm"]
-    assert char_lm["numpy_matmul_ms"] > 0 and char_lm["torch_matmul_ms"] > 0
+    row = summary["configs"]["char-lm"]
+    assert_one_step_row(row)
+    assert row["engine_peak_mb"] > 0 and row["torch_peak_mb"] > 0
+    assert row["numpy_matmul_ms"] > 0 and row["torch_matmul_ms"] > 0
     blas = summary["blas"]  # what the ratios depend on, named in the table's first line
     assert blas["numpy"].split()[0] in ("scipy-openblas", "openblas", "accelerate", "mkl")
     assert blas["torch"] != "unknown"
     assert summary["processor"] == processor_name()  # the other thing the ratios depend on
-    assert "copy" not in [line.split()[0] for line in table_after("matmuls alone", capsys)]
+    assert [line.split()[0] for line in table_after("matmuls alone", capsys)] == ["char-lm"]
+
+
+def assert_one_step_row(row: dict) -> None:
+    """A config's row of a one-step bench: times, its FLOPs, its calls, a one-pair ratio."""
+    assert row["engine_ms"] > 0 and row["torch_ms"] > 0 and row["flops_per_step"] > 0
+    assert 100 < row["numpy_calls"] < 5000  # a small model's step: hundreds of calls
+    assert row["ratio_middle_half"] == [row["ratio"], row["ratio"]]  # one pair: its own
 
 
 def test_processor_name_reads_the_model_name_and_counts_the_cores(tmp_path, monkeypatch):
@@ -477,7 +479,9 @@ def test_bench_command_runs_through_numpy_engine(tmp_path, capfd):
     )
     printed = capfd.readouterr().out  # by the child process
     row = next(line.split() for line in printed.splitlines() if line.startswith("copy "))
-    assert out.exists() and row[8:10] == ["-", "-"]  # --no-memory: no memory probe ran
+    assert row[8:10] == ["-", "-"]  # --no-memory: no memory probe ran
+    assert "matmuls alone" not in printed  # copy has no matmul floor
+    assert_one_step_row(json.loads(out.read_text())["configs"]["copy"])
 
 
 def test_bench_refuses_a_json_path_it_could_not_write_before_it_runs(tmp_path, capsys):

@@ -183,11 +183,13 @@ def test_a_damaged_checkpoint_is_refused_by_name(trained, tmp_path):
 
 
 def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_path, capsys):
+    """In-process: `numpy-engine export` and `import` hand their arguments to crosscheck's
+    main (test_parity_report and test_benchmarks run that hand-over end to end)."""
+    from crosscheck.cli import main as crosscheck_main
+
     pt = tmp_path / "model.pt"
-    result = subprocess.run(
-        cli("export", "--checkpoint", str(trained), "--to", str(pt)), capture_output=True, text=True
-    )
-    assert result.returncode == 0 and result.stdout == f"wrote {pt} and {pt}.json\n", result.stderr
+    assert crosscheck_main(["export", "--checkpoint", str(trained), "--to", str(pt)]) == 0
+    assert capsys.readouterr().out == f"wrote {pt} and {pt}.json\n"
     described = json.loads(pt.with_name("model.pt.json").read_text())
     saved = load_checkpoint(trained)
     assert described["kind"] == saved.model.kind and described["meta"] == {
@@ -204,11 +206,8 @@ def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)  # float32, two engines
 
     back = tmp_path / "back"
-    result = subprocess.run(
-        cli("import", str(pt), "--out", str(back)), capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == f"wrote {back / 'checkpoint.npz'}\n"
+    assert crosscheck_main(["import", str(pt), "--out", str(back)]) == 0
+    assert capsys.readouterr().out == f"wrote {back / 'checkpoint.npz'}\n"
     reloaded = load_checkpoint(back).model
     assert all(np.array_equal(reloaded.params[k], v) for k, v in engine.params.items())
     assert_written_over_nothing(trained, pt, back, capsys)
