@@ -159,10 +159,11 @@ def check_gradient(
     tolerance: float = 1e-6,
     steps: tuple[float, ...] = (1e-5, 1e-4),
     f_terms: float = 0.0,
+    noise: float | None = None,
 ) -> GradientCheck:
     """check_directions along the entries of x at indices: each estimate is one entry of df/dx."""
     directions = [int(i) for i in indices]
-    return check_directions(f, x, analytic, directions, tolerance, steps, f_terms)
+    return check_directions(f, x, analytic, directions, tolerance, steps, f_terms, noise)
 
 
 def check_directions(

@@ -268,6 +268,26 @@ def test_the_grads_study_is_each_parameters_gradient_against_its_differences():
         assert row["rel_error"] <= 1e-6 and gap <= 1e-6 * row["sampled_norm"] + 1e-9, key
 
 
+def test_the_grads_study_measures_the_losss_rounding_once(monkeypatch):
+    """Nine evaluations of the loss for its rounding, for the whole study; then per parameter
+    one for its region and four an entry (two central differences, for the Richardson step)
+    when the first step agrees, as every one does on this smooth (GELU) model."""
+    from numpy_engine.models import model_class
+
+    model_type, evaluations = model_class("gpt"), []
+    loss = model_type.loss
+
+    def counted(self, *batch):
+        evaluations.append(1)
+        return loss(self, *batch)
+
+    monkeypatch.setattr(model_type, "loss", counted)
+    _, rows = gradient_study("gpt", seed=0, entries=2)
+    sampled = sum(min(2, int(np.prod(row["shape"]))) for row in rows)
+    assert len(evaluations) == 9 + len(rows) + 4 * sampled
+    assert max(row["rel_error"] for row in rows) <= 1e-6
+
+
 def test_the_grads_command_prints_the_study_row_by_row(capsys):
     from numpy_engine.cli import main
 
