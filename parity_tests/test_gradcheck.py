@@ -253,7 +253,7 @@ def test_sample_indices_are_distinct_sorted_and_all_when_few():
 
 
 def test_the_grads_study_is_each_parameters_gradient_against_its_differences():
-    loss, rows = gradient_study("seq2seq", seed=3, entries=3)
+    loss, rows = gradient_study("seq2seq", seed=3, entries=2)  # the seed, not entries, builds
     model, batch = example_batch("seq2seq", 3)
     assert len(batch[0]) == 4 and gradient_study("seq2seq", 3, 4) == gradient_study("seq2seq", 3)
     assert model.config.dtype == "float64" and (batch[0] == model.config.pad_id).any()  # padded
@@ -261,7 +261,7 @@ def test_the_grads_study_is_each_parameters_gradient_against_its_differences():
     assert loss == expected_loss and [row["name"] for row in rows] == list(grads)
     rng = np.random.default_rng(3)  # the study's sampler, drawn in the same order
     for row, (key, grad) in zip(rows, grads.items(), strict=True):
-        sampled = grad.reshape(-1)[sample_indices(rng, grad.size, 3)]
+        sampled = grad.reshape(-1)[sample_indices(rng, grad.size, 2)]
         assert row["shape"] == grad.shape and row["grad_norm"] == np.linalg.norm(grad)
         assert row["sampled_norm"] == np.linalg.norm(sampled), key
         gap = abs(row["fd_norm"] - row["sampled_norm"])
