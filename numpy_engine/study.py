@@ -51,6 +51,6 @@ def loss_rounding(probe, params: dict, grads: dict, sampled: dict) -> float:
     """rounding_noise of the loss along the sampled entry with the largest gradient: once for
     every parameter, not once each (nine evaluations of the loss a parameter, two thirds of
     a study of one entry each)."""
-    key = max(sampled, key=lambda k: np.abs(grads[k].reshape(-1)[sampled[k]]).max())
-    busiest = sampled[key][np.argmax(np.abs(grads[key].reshape(-1)[sampled[key]]))]
-    return rounding_noise(probe, params[key], int(busiest))
+    picked = {key: np.abs(grads[key].reshape(-1)[indices]) for key, indices in sampled.items()}
+    key = max(picked, key=lambda k: picked[k].max())
+    return rounding_noise(probe, params[key], int(sampled[key][np.argmax(picked[key])]))

@@ -253,7 +253,8 @@ def test_sample_indices_are_distinct_sorted_and_all_when_few():
 
 
 def test_the_grads_study_is_each_parameters_gradient_against_its_differences():
-    loss, rows = gradient_study("seq2seq", seed=3, entries=2)  # the seed, not entries, builds
+    # entries differs from the seed: the model and its batch must come from the seed alone
+    loss, rows = gradient_study("seq2seq", seed=3, entries=2)
     model, batch = example_batch("seq2seq", 3)
     assert len(batch[0]) == 4 and gradient_study("seq2seq", 3, 4) == gradient_study("seq2seq", 3)
     assert model.config.dtype == "float64" and (batch[0] == model.config.pad_id).any()  # padded
@@ -286,6 +287,21 @@ def test_the_grads_study_measures_the_losss_rounding_once(monkeypatch):
     sampled = sum(min(2, int(np.prod(row["shape"]))) for row in rows)
     assert len(evaluations) == 9 + len(rows) + 4 * sampled
     assert max(row["rel_error"] for row in rows) <= 1e-6
+
+
+def test_the_studys_rounding_is_measured_along_the_sampled_entry_with_the_largest_gradient(
+    monkeypatch,
+):
+    from numpy_engine import study
+
+    params = {"a": np.array([9.0, 8.0, 7.0]), "b": np.array([1.0, 2.0, 3.0, 4.0])}
+    grads = {"a": np.array([5.0, -0.5, 0.0]), "b": np.array([0.1, -6.0, 0.2, 7.0])}
+    sampled = {"a": np.array([0, 2]), "b": np.array([0, 1, 2])}  # b's 7.0 is not sampled
+    measured = []
+    monkeypatch.setattr(study, "rounding_noise", lambda f, x, d: measured.append((x, d)) or 1.0)
+    assert study.loss_rounding(None, params, grads, sampled) == 1.0
+    [(x, direction)] = measured
+    assert x is params["b"] and direction == 1 and type(direction) is int  # |-6.0|, entry 1
 
 
 def test_the_grads_command_prints_the_study_row_by_row(capsys):
