@@ -289,3 +289,23 @@ def test_a_resumed_run_holds_the_moments_once(tmp_path):
     assert run.result["steps"] == 4 and checkpoint.model is run.model
     parameter_bytes = run.model.flat.nbytes
     assert parameter_bytes <= sum(stat.size for stat in held) < 1.5 * parameter_bytes
+
+
+def test_a_resumed_run_reads_its_checkpoint_before_malloc_keeps_freed_memory(tmp_path, monkeypatch):
+    """Told to keep freed memory, glibc keeps it in the heap: a checkpoint read before that
+    goes back to the system once the model and optimizer hold their copies (a resumed GPT-2
+    run's peak 2892 -> 2763 MB, measured). A new run is told before it trains."""
+    from numpy_engine import checkpoint, cli, memory
+
+    order = []
+    monkeypatch.setattr(memory, "keep_freed_memory", lambda: order.append("keep freed memory"))
+    read = checkpoint.load_checkpoint
+    monkeypatch.setattr(
+        checkpoint, "load_checkpoint", lambda path: order.append("read") or read(path)
+    )
+    run = ["train", "char-lm", "--steps", "2", "--batch-size", "2", "--context", "8", "--quiet"]
+    assert cli.main([*run, "--out", str(tmp_path)]) == 0
+    assert order == ["keep freed memory"]
+    order.clear()
+    assert cli.main(["train", "--resume", str(tmp_path), "--steps", "3", "--quiet"]) == 0
+    assert order == ["read", "keep freed memory"]
