@@ -22,24 +22,23 @@ def gradient_study(kind: str, seed: int, entries: int = 4) -> tuple[float, list[
     loss, grads = model.loss_and_grads(*batch)
     rng = np.random.default_rng(seed)
     sampled = {key: sample_indices(rng, p.size, entries) for key, p in model.params.items()}
+    analytic = {key: grads[key].reshape(-1)[indices] for key, indices in sampled.items()}
 
     def probe() -> float:
         return model.loss(*batch)
 
     # judged against the finite difference's own rounding (a key bias's true gradient is 0),
     # measured once: it is the loss's, whichever entry moves
-    noise = loss_rounding(probe, model.params, grads, sampled)
+    noise = loss_rounding(probe, model.params, sampled, analytic)
     rows = []
     for key, param in model.params.items():
-        indices = sampled[key]
-        check = check_gradient(probe, param, grads[key], indices, noise=noise)
-        analytic = grads[key].reshape(-1)[indices]
+        check = check_gradient(probe, param, grads[key], sampled[key], noise=noise)
         rows.append(
             {
                 "name": key,
                 "shape": param.shape,
                 "grad_norm": float(np.linalg.norm(grads[key])),
-                "sampled_norm": float(np.linalg.norm(analytic)),
+                "sampled_norm": float(np.linalg.norm(analytic[key])),
                 "fd_norm": float(np.linalg.norm(check.numeric)),
                 "rel_error": check.error,
             }
@@ -47,10 +46,10 @@ def gradient_study(kind: str, seed: int, entries: int = 4) -> tuple[float, list[
     return loss, rows
 
 
-def loss_rounding(probe, params: dict, grads: dict, sampled: dict) -> float:
-    """rounding_noise of the loss along the sampled entry with the largest gradient: once for
-    every parameter, not once each (nine evaluations of the loss a parameter, two thirds of
-    a study of one entry each)."""
-    picked = {key: np.abs(grads[key].reshape(-1)[indices]) for key, indices in sampled.items()}
-    key = max(picked, key=lambda k: picked[k].max())
-    return rounding_noise(probe, params[key], int(sampled[key][np.argmax(picked[key])]))
+def loss_rounding(probe, params: dict, sampled: dict, analytic: dict) -> float:
+    """rounding_noise of the loss along the sampled entry with the largest gradient (analytic:
+    each parameter's gradient at its sampled entries): once for every parameter, not once each
+    (nine evaluations of the loss a parameter, two thirds of a study of one entry each)."""
+    key = max(analytic, key=lambda k: np.abs(analytic[k]).max())
+    entry = sampled[key][np.argmax(np.abs(analytic[key]))]
+    return rounding_noise(probe, params[key], int(entry))

@@ -283,10 +283,27 @@ def test_the_grads_study_measures_the_losss_rounding_once(monkeypatch):
         return loss(self, *batch)
 
     monkeypatch.setattr(model_type, "loss", counted)
+    from numpy_engine import study
+
+    along, measure = [], study.rounding_noise
+
+    def recorded(f, x, direction):
+        along.append((x.copy(), direction))
+        return measure(f, x, direction)
+
+    monkeypatch.setattr(study, "rounding_noise", recorded)
     _, rows = gradient_study("gpt", seed=0, entries=2)
     sampled = sum(min(2, int(np.prod(row["shape"]))) for row in rows)
     assert len(evaluations) == 9 + len(rows) + 4 * sampled
     assert max(row["rel_error"] for row in rows) <= 1e-6
+    # measured along the sampled entry with the largest gradient, the study's draws redone
+    model, batch = example_batch("gpt", 0)
+    _, grads = model.loss_and_grads(*batch)
+    rng = np.random.default_rng(0)
+    draws = [(key, sample_indices(rng, g.size, 2)) for key, g in grads.items()]
+    size, key, entry = max((abs(grads[k].flat[i]), k, i) for k, ids in draws for i in ids)
+    [(x, direction)] = along
+    assert direction == entry and np.array_equal(x, model.params[key]), (key, entry, size)
 
 
 def test_the_studys_rounding_is_measured_along_the_sampled_entry_with_the_largest_gradient(
@@ -294,14 +311,15 @@ def test_the_studys_rounding_is_measured_along_the_sampled_entry_with_the_larges
 ):
     from numpy_engine import study
 
-    params = {"a": np.array([9.0, 8.0, 7.0]), "b": np.array([1.0, 2.0, 3.0, 4.0])}
-    grads = {"a": np.array([5.0, -0.5, 0.0]), "b": np.array([0.1, -6.0, 0.2, 7.0])}
-    sampled = {"a": np.array([0, 2]), "b": np.array([0, 1, 2])}  # b's 7.0 is not sampled
+    params = {"a": np.array([9.0, 8.0, 7.0]), "b": np.array([10.0, 20.0, 30.0, 40.0])}
+    grads = {"a": np.array([5.0, -0.5, 0.0]), "b": np.array([0.1, 0.2, -6.0, 7.0])}
+    sampled = {"a": np.array([0, 2]), "b": np.array([0, 2])}  # b's 7.0 is not sampled
     measured = []
     monkeypatch.setattr(study, "rounding_noise", lambda f, x, d: measured.append((x, d)) or 1.0)
-    assert study.loss_rounding(None, params, grads, sampled) == 1.0
+    analytic = {key: grads[key][indices] for key, indices in sampled.items()}  # b: 0.1, -6.0
+    assert study.loss_rounding(None, params, sampled, analytic) == 1.0
     [(x, direction)] = measured
-    assert x is params["b"] and direction == 1 and type(direction) is int  # |-6.0|, entry 1
+    assert x is params["b"] and direction == 2 and type(direction) is int  # |-6.0|, entry 2
 
 
 def test_the_grads_command_prints_the_study_row_by_row(capsys):
