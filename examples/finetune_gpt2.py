@@ -50,11 +50,20 @@ heldout = every_target_once(heldout_ids, context, model.ignore_index())
 print(f"held-out loss before: {heldout_loss(model, heldout, BATCH_SIZE):.4f}")
 
 optimizer = AdamW(model.params, lr=lr, weight_decay=0.01)
+
+
+def train_step(idx: np.ndarray, targets: np.ndarray) -> float:
+    """One AdamW step; returns the loss. The gradients go when it returns: kept in the loop,
+    they would still be held while the next step makes its own (500 MB more for gpt2)."""
+    loss, grads = model.loss_and_grads(idx, targets)  # wte's gradient: embedding + tied head
+    optimizer.step(model.flat, grads, max_grad_norm=1.0)  # clips, then updates model.flat
+    return loss
+
+
 sampler = np.random.default_rng([SEED, 1])
 for step in range(1, STEPS + 1):
     idx, targets = random_windows(train_ids, sampler, BATCH_SIZE, context)  # targets: idx + 1
-    loss, grads = model.loss_and_grads(idx, targets)  # wte's gradient: embedding + tied head
-    optimizer.step(model.flat, grads, max_grad_norm=1.0)  # clips, then updates model.flat
+    loss = train_step(idx, targets)
     if step == 1 or step % 40 == 0:
         print(f"step {step:3d}  loss {loss:.4f}", flush=True)
 

@@ -178,6 +178,14 @@ def guarded_update(state: TrainState, step: int, grads, clip: float) -> float:
         raise TrainingDiverged(f"step {step}: {error}; stopped before updating") from None
 
 
+def _train_step(state: TrainState, step: int, batch: tuple, clip: float, parallel):
+    """One optimizer step: (the loss, the gradient's norm before clipping). The gradients live
+    only in here: held by the loop, a step's would still be alive while the next step makes
+    its own (`train lm --init` of a 124M GPT-2: peak RSS 2765 -> 2275 MB)."""
+    loss, grads = step_gradient(state, step, batch, parallel)
+    return loss, guarded_update(state, step, grads, clip)
+
+
 def run_loop(
     state: TrainState,
     cfg,
@@ -209,8 +217,8 @@ def run_loop(
         while state.step < cfg.steps:
             step = state.step + 1
             try:
-                loss, grads = step_gradient(state, step, next_batch(state.sampler), parallel)
-                grad_norm = guarded_update(state, step, grads, cfg.clip)
+                batch = next_batch(state.sampler)
+                loss, grad_norm = _train_step(state, step, batch, cfg.clip, parallel)
             except TrainingDiverged as error:
                 if last_saved is None:
                     raise
