@@ -257,7 +257,7 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
         raise InputError(f"give a TASK ({', '.join(REFERENCE_RUNS)}) or --resume DIR")
     # A checkpoint read before malloc keeps freed memory goes back to the system once the model
     # and the optimizer hold their copies, instead of staying in the heap: a resumed GPT-2
-    # run's peak 2892 -> 2472 MB (a fresh run's 2275)
+    # run's peak 2688 -> 2274 MB (a fresh run's 2275)
     checkpoint = _checkpoint_to_resume(args, given) if args.resume else None
     keep_freed_memory()  # each step reuses the last one's pages (numpy_engine/memory.py)
     if args.resume:

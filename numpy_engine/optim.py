@@ -289,23 +289,24 @@ class Optimizer:
             flat.update({f"{name}.{key}": value for key, value in per_param.items()})
         return flat
 
-    def load_state_dict(self, flat: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, flat: dict[str, np.ndarray], consume: bool = False) -> None:
+        """Copy a state_dict's arrays into the state. consume: pop each array from flat once
+        copied, so that it goes (a resumed GPT-2's moments: 1 GB), after every key and
+        shape was checked: a refused flat is left whole."""
         expected = self.state_arrays()
         missing, extra = expected.keys() - flat.keys(), flat.keys() - expected.keys()
         if missing or extra:
             raise InputError(
                 f"optimizer state: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}"
             )
-        for name, per_param in self.state.items():
-            for key, value in per_param.items():
-                saved = flat[f"{name}.{key}"]
-                if saved.shape != value.shape:
-                    raise InputError(
-                        f"optimizer state {name}.{key} has shape {saved.shape}, "
-                        f"expected {value.shape}"
-                    )
-                value[...] = saved  # into the flat state's view
+        for key, value in expected.items():
+            if flat[key].shape != value.shape:
+                raise InputError(
+                    f"optimizer state {key} has shape {flat[key].shape}, expected {value.shape}"
+                )
         self.step_count = int(flat["step"])
+        for key, value in expected.items():
+            value[...] = flat.pop(key) if consume else flat[key]  # into the flat state's view
 
 
 class SGD(Optimizer):

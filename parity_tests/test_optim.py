@@ -180,6 +180,34 @@ def test_state_dict_round_trip_continues_identically():
     assert second.step_count == 6
 
 
+@pytest.mark.parametrize("consume", [False, True])
+def test_a_state_dict_is_refused_whole_and_loaded_whole(consume):
+    """A missing key or a wrong shape anywhere is refused before any state is written, and the
+    given dict is left as it was; accepted, its arrays are copied in (consume: popped from it,
+    so that each goes once copied)."""
+    _, params = random_params(np.random.default_rng(0))
+    saved = AdamW(params).state_dict()
+    rng = np.random.default_rng(1)
+    saved = {key: rng.standard_normal(value.shape) for key, value in saved.items()} | {
+        "step": np.array(7)
+    }
+    optimizer = AdamW(params)
+    wrong_shape = saved | {"exp_avg_sq.e": saved["exp_avg_sq.e"].T}
+    said = r"^optimizer state exp_avg_sq.e has shape \(2, 5\), expected \(5, 2\)$"
+    missing = {key: value for key, value in saved.items() if key != "exp_avg.w"}
+    for refused, message in [(wrong_shape, said), (missing, r"missing keys \['exp_avg.w'\]")]:
+        given = dict(refused)
+        with pytest.raises(InputError, match=message):
+            optimizer.load_state_dict(given, consume)
+        assert given.keys() == refused.keys() and optimizer.step_count == 0
+        assert all(not vector.any() for vector in optimizer.flat_state.values())
+    given = dict(saved)
+    optimizer.load_state_dict(given, consume)
+    assert given.keys() == (set() if consume else saved.keys()) and optimizer.step_count == 7
+    for key, value in optimizer.state_arrays().items():
+        np.testing.assert_array_equal(value, saved[key])
+
+
 def test_a_model_step_updates_its_params_through_the_flat_vector():
     """model.params are views of model.flat: stepping the vector moves every named tensor,
     exactly as the same step on a separate copy of the vector."""
