@@ -71,7 +71,13 @@ def save_checkpoint(
     return path
 
 
+HEADER = ("format_version", "kind", "config", "meta")  # the archive's entries that are not arrays
+PARTS = ("param/", "optim/")  # the prefixes of those that are
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
+    """The checkpoint in a run directory or .npz file. Its weights are read into the model one
+    at a time (Model.read_params): the read's peak is the model and its largest weight."""
     given, path = Path(path), resolve(path)
     if not path.exists():
         if given.is_file():  # resolve read it as a run directory
@@ -86,16 +92,63 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             )
         raise InputError(f"checkpoint {path}: no such file")
     _check_is_a_zip(path)
+    with open(path, "rb") as file:  # our own handle: closed on error
+        archive = _read(path, lambda: np.load(file, allow_pickle=False))
+        with archive:
+            return _from_archive(path, archive)
+
+
+def _from_archive(path: Path, archive) -> Checkpoint:
+    """The model made from the header, then its weights read into it one at a time
+    (Model.read_params), then the optimizer's state."""
+    unknown = [key for key in archive.files if key not in HEADER and not key.startswith(PARTS)]
+    if unknown:
+        raise InputError(f"checkpoint {path}: an entry {unknown[0]!r} that is no part of one")
+    header = _read(path, lambda: {key: archive[key] for key in HEADER if key in archive})
+    model_class, config, meta = _from_header(path, header)
+    model = _built(path, lambda: model_class.unwritten(config))
+
+    def weight(key: str) -> np.ndarray:
+        return _read(path, lambda: archive[f"param/{key}"])
+
+    _built(path, lambda: model.read_params(_under("param/", archive.files), weight))
+    optim = _under("optim/", archive.files)
+    optimizer_state = _read(path, lambda: {key: archive[f"optim/{key}"] for key in optim})
+    return Checkpoint(model, optimizer_state, meta)
+
+
+class UnreadableCheckpoint(InputError):
+    """A checkpoint file that could not be read (not one whose weights do not fit its model)."""
+
+
+def _read(path: Path, read):
+    """read(), its errors as UnreadableCheckpoint naming the checkpoint."""
     try:
-        with open(path, "rb") as file, np.load(file, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}  # our own handle: closed on error
+        return read()
     except ValueError as error:  # numpy refuses object arrays without allow_pickle
-        raise InputError(
+        raise UnreadableCheckpoint(
             f"checkpoint {path}: refused, it holds pickled objects ({error})"
         ) from None
     except (OSError, zipfile.BadZipFile, EOFError) as error:
-        raise InputError(f"checkpoint {path}: not a readable .npz file ({error})") from None
-    return _from_arrays(path, arrays)
+        raise UnreadableCheckpoint(
+            f"checkpoint {path}: not a readable .npz file ({error})"
+        ) from None
+
+
+def _built(path: Path, build):
+    """build() (a model of the checkpoint's config, or its weights read into it), its errors
+    as InputError naming the checkpoint."""
+    try:
+        return build()
+    except UnreadableCheckpoint:
+        raise
+    except (ValueError, TypeError) as error:
+        raise InputError(f"checkpoint {path}: does not match its config: {error}") from None
+
+
+def _under(prefix: str, keys: list[str]) -> list[str]:
+    """The keys that start with prefix, without it."""
+    return [key.removeprefix(prefix) for key in keys if key.startswith(prefix)]
 
 
 _ZIP_STARTS = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first entry, or an empty zip
@@ -118,28 +171,21 @@ def _check_is_a_zip(path: Path) -> None:
     raise InputError(f"checkpoint {path}: not an .npz file (it starts with {start!r})")
 
 
-def _from_arrays(path: Path, arrays: dict) -> Checkpoint:
-    for required in ("format_version", "kind", "config", "meta"):
-        if required not in arrays:
+def _from_header(path: Path, header: dict) -> tuple:
+    """(the model's class, its config, the meta) from the archive's HEADER entries."""
+    for required in HEADER:
+        if required not in header:
             raise InputError(f"checkpoint {path}: missing {required!r}")
-    version = int(arrays["format_version"])
+    version = int(header["format_version"])
     if version != FORMAT_VERSION:
         raise InputError(f"checkpoint {path}: format version {version}, expected {FORMAT_VERSION}")
-    kind = str(arrays["kind"])
+    kind = str(header["kind"])
     if kind not in KINDS:
         raise InputError(f"checkpoint {path}: unknown model kind {kind!r}")
     model_class = KINDS[kind]
     try:
-        config = model_class.config_class(**json.loads(str(arrays["config"])))
-        meta = json.loads(str(arrays["meta"]))
+        config = model_class.config_class(**json.loads(str(header["config"])))
+        meta = json.loads(str(header["meta"]))
     except (TypeError, ValueError) as error:  # JSONDecodeError is a ValueError
         raise InputError(f"checkpoint {path}: unreadable config or meta ({error})") from None
-    params = {k.removeprefix("param/"): v for k, v in arrays.items() if k.startswith("param/")}
-    try:
-        model = model_class.with_params(config, params)
-    except (ValueError, TypeError) as error:
-        raise InputError(f"checkpoint {path}: does not match its config: {error}") from None
-    optimizer_state = {
-        k.removeprefix("optim/"): v for k, v in arrays.items() if k.startswith("optim/")
-    }
-    return Checkpoint(model, optimizer_state, meta)
+    return model_class, config, meta

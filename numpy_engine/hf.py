@@ -181,7 +181,9 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     dtype = "float64" if any(v.dtype == np.float64 for v in state.values()) else "float32"
     config = config_from_hf(hf_config, dtype)
     params = engine_params_from_hf(state, config.n_layers)
-    model = GPT2.with_params(config, {key: value.astype(dtype) for key, value in params.items()})
+    del state  # params hold its arrays, or views of them: each goes once copied into the model
+    model = GPT2.unwritten(config)
+    model.read_params(params.keys(), lambda key: params.pop(key).astype(dtype, copy=False))
     meta = {"task": "import-hf", "source": str(directory)}
     tokenizer = directory / "tokenizer.json"
     if tokenizer.is_file():

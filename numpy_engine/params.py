@@ -74,14 +74,22 @@ def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.nda
 
 def check_params(params: dict, expected: dict) -> None:
     """Same keys, shapes and dtypes as expected, and finite values."""
-    missing, extra = expected.keys() - params.keys(), params.keys() - expected.keys()
+    check_param_keys(params.keys(), expected)
+    for key, ref in expected.items():
+        check_param(key, params[key], ref)
+
+
+def check_param_keys(keys, expected: dict) -> None:
+    missing, extra = expected.keys() - set(keys), set(keys) - expected.keys()
     if missing or extra:
         raise InputError(f"params: missing keys {sorted(missing)}, unexpected keys {sorted(extra)}")
-    for key, ref in expected.items():
-        value = params[key]
-        if not isinstance(value, np.ndarray) or value.shape != ref.shape:
-            got = getattr(value, "shape", type(value).__name__)
-            raise InputError(f"params[{key!r}] must have shape {ref.shape}, got {got}")
-        if value.dtype != ref.dtype:
-            raise InputTypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
-        checks.check_finite(f"params[{key!r}]", value)
+
+
+def check_param(key: str, value, ref: np.ndarray) -> None:
+    """value has ref's shape and dtype, and finite values."""
+    if not isinstance(value, np.ndarray) or value.shape != ref.shape:
+        got = getattr(value, "shape", type(value).__name__)
+        raise InputError(f"params[{key!r}] must have shape {ref.shape}, got {got}")
+    if value.dtype != ref.dtype:
+        raise InputTypeError(f"params[{key!r}] must have dtype {ref.dtype}, got {value.dtype}")
+    checks.check_finite(f"params[{key!r}]", value)

@@ -59,10 +59,20 @@ def rewrite(path, **changes):
     np.savez(path, **arrays)
 
 
-def test_refuses_pickled_objects(saved):
+@pytest.mark.parametrize("entry", ["param/head.bias", "optim/exp_avg.head.bias", "kind"])
+def test_refuses_pickled_objects(saved, entry):
+    path = saved[0]
+    rewrite(path, **{entry: np.array([{"run": "code"}], dtype=object)})
+    with pytest.raises(ValueError, match="refused, it holds pickled objects"):
+        load_checkpoint(path)
+
+
+def test_refuses_an_entry_that_is_no_part_of_a_checkpoint(saved):
+    """Not read, and not passed over either: a file with more in it than a checkpoint holds
+    is not one this engine wrote."""
     path = saved[0]
     rewrite(path, evil=np.array([{"run": "code"}], dtype=object))
-    with pytest.raises(ValueError, match="refused, it holds pickled objects"):
+    with pytest.raises(ValueError, match=r"checkpoint.npz: an entry 'evil' that is no part of"):
         load_checkpoint(path)
 
 

@@ -11,7 +11,7 @@ Shape legend: B batch, T positions, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from numpy_engine.layers import (
 )
 from numpy_engine.losses import cross_entropy_backward, cross_entropy_forward
 from numpy_engine.memory import aligned_empty
-from numpy_engine.params import check_params, flatten, unflatten
+from numpy_engine.params import check_param, check_param_keys, check_params, flatten, unflatten
 
 DTYPES = ("float32", "float64")
 IGNORE_INDEX = -100  # PyTorch's default ignore_index: a target that counts for nothing
@@ -57,7 +57,7 @@ class Decoder(Protocol):
 
 class _NoDraws:
     """Stands in for the random generator of a model whose weights are replaced at once
-    (Model.with_params): each draw is zeros of its shape, which the system provides page by
+    (Model.unwritten): each draw is zeros of its shape, which the system provides page by
     page only as they are written. The kinds' initialisers draw with these three."""
 
     def normal(self, loc=0.0, scale=1.0, size=None) -> np.ndarray:
@@ -84,21 +84,33 @@ class Model:
 
     @classmethod
     def with_params(cls, config, params: dict[str, np.ndarray]):
-        """A model of config holding params (checked as load_params checks them), built
-        without first drawing the initial weights that params replace: GPT-2's draws took
-        3-5 s and 1 GB of float64, each time a checkpoint was read."""
-        model = cls.__new__(cls)
-        model._build(config, _NoDraws())
+        """A model of config holding params (checked as load_params checks them)."""
+        model = cls.unwritten(config)
         model.load_params(params)
         return model
 
+    @classmethod
+    def unwritten(cls, config):
+        """A model of config whose weights are not written yet (load_params or read_params
+        writes them). It draws no initial weights (GPT-2's draws took 3-5 s and 1 GB of
+        float64), and its vector holds no memory until written: the system maps its pages in
+        as they are."""
+        model = cls.__new__(cls)
+        model._hold(config, model._init_params(config, _NoDraws()))  # zeros: their shapes
+        return model
+
     def _build(self, config, rng) -> None:
-        self.config = config
         initial = self._init_params(config, rng)
-        size = sum(value.size for value in initial.values())
+        self._hold(config, initial)
+        flatten(initial, self.flat)
+
+    def _hold(self, config, like: dict[str, np.ndarray]) -> None:
+        """A vector for parameters shaped like `like`'s arrays, and its views, unwritten."""
+        self.config = config
+        size = sum(value.size for value in like.values())
         # every parameter, one vector on a cache line (the optimizer walks it in blocks)
-        self.flat = flatten(initial, aligned_empty(size, config.dtype))
-        self.params = unflatten(self.flat, initial)  # named views of it, keyed like state_dict
+        self.flat = aligned_empty(size, config.dtype)
+        self.params = unflatten(self.flat, like)  # named views of it, keyed like state_dict
 
     # ------------------------------------------------------------ what a kind implements
 
@@ -195,10 +207,22 @@ class Model:
         return flatten(grads, out)
 
     def load_params(self, params: dict[str, np.ndarray]) -> None:
-        """Copy params (which must match keys, shapes and dtypes) into this model's weights."""
+        """Copy params (which must match keys, shapes and dtypes, all checked first) into
+        this model's weights."""
         check_params(params, self.params)
         for key, value in self.params.items():
             value[...] = params[key]  # a copy, into self.flat
+
+    def read_params(self, keys, read: Callable[[str], np.ndarray]) -> None:
+        """Write an unwritten model's weights (Model.unwritten), read one at a time by
+        read(key) and checked as load_params checks them: each is let go of before the next
+        is read, so the peak is the model and one weight, not the model and all its weights
+        read (`numpy-engine generate` from a 124M GPT-2: peak RSS 1281 -> 615 MB). keys: the
+        keys read would find, checked against the model's first. A refused weight leaves
+        the model part written."""
+        check_param_keys(keys, self.params)
+        for key, view in self.params.items():
+            _write(key, read(key), view)  # the weight read lives in the call, no longer
 
     def with_dtype(self, dtype: str):
         """A copy of this model with its config and weights cast to dtype ("float32"/"float64")."""
@@ -212,6 +236,11 @@ class Model:
     def _under(self, prefix: str) -> dict[str, np.ndarray]:
         """The params under prefix, without it (keys.sub, which looks the keys up once)."""
         return sub(self.params, prefix)
+
+
+def _write(key: str, value: np.ndarray, view: np.ndarray) -> None:
+    check_param(key, value, view)
+    view[...] = value  # into the model's flat vector
 
 
 # ------------------------------------------------------------------------- registry
