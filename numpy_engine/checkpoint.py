@@ -106,7 +106,11 @@ def _from_archive(path: Path, archive) -> Checkpoint:
         raise InputError(f"checkpoint {path}: an entry {unknown[0]!r} that is no part of one")
     header = _read(path, lambda: {key: archive[key] for key in HEADER if key in archive})
     model_class, config, meta = _from_header(path, header)
-    model = _built(path, lambda: model_class.unwritten(config))
+    try:
+        model = model_class.unwritten(config)
+    except MemoryError:
+        message = f"checkpoint {path}: its model does not fit in memory ({config})"
+        raise InputError(message) from None
 
     def weight(key: str) -> np.ndarray:
         return _read(path, lambda: archive[f"param/{key}"])

@@ -63,7 +63,8 @@ def rewrite(path, **changes):
 def test_refuses_pickled_objects(saved, entry):
     path = saved[0]
     rewrite(path, **{entry: np.array([{"run": "code"}], dtype=object)})
-    with pytest.raises(ValueError, match="refused, it holds pickled objects"):
+    said = f"^checkpoint {re.escape(str(path))}: refused, it holds pickled objects"
+    with pytest.raises(ValueError, match=said):
         load_checkpoint(path)
 
 
@@ -72,7 +73,17 @@ def test_refuses_an_entry_that_is_no_part_of_a_checkpoint(saved):
     is not one this engine wrote."""
     path = saved[0]
     rewrite(path, evil=np.array([{"run": "code"}], dtype=object))
-    with pytest.raises(ValueError, match=r"checkpoint.npz: an entry 'evil' that is no part of"):
+    said = f"^checkpoint {re.escape(str(path))}: an entry 'evil' that is no part of one$"
+    with pytest.raises(ValueError, match=said):
+        load_checkpoint(path)
+
+
+def test_refuses_a_model_too_large_for_memory(saved):
+    path = saved[0]
+    config = {"vocab_size": 13, "d_model": 2**40, "n_heads": 1}  # (13, 2**40) embedding: 104 TiB
+    rewrite(path, config=np.array(json.dumps(config)))
+    said = f"^checkpoint {re.escape(str(path))}: its model does not fit in memory \\(GPTConfig"
+    with pytest.raises(ValueError, match=said):
         load_checkpoint(path)
 
 
@@ -93,10 +104,11 @@ def test_refuses_a_wrong_version_and_mismatched_params(saved):
         load_checkpoint(path)
     rewrite(path, meta=np.array(json.dumps({"step": 1})))
     rewrite(path, format_version=np.array(1), **{"param/head.bias": np.zeros(5, np.float32)})
-    with pytest.raises(ValueError, match=r"does not match its config: params\['head.bias'\]"):
+    mismatch = f"^checkpoint {re.escape(str(path))}: does not match its config: params"
+    with pytest.raises(ValueError, match=mismatch + r"\['head.bias'\]"):
         load_checkpoint(path)
     rewrite(path, **{"param/head.bias": None})
-    with pytest.raises(ValueError, match=r"missing keys \['head.bias'\]"):
+    with pytest.raises(ValueError, match=mismatch + r": missing keys \['head.bias'\]"):
         load_checkpoint(path)
     rewrite(path, config=np.array(json.dumps({"d_model": 30, "n_heads": 4})))
     with pytest.raises(ValueError, match="unreadable config"):
