@@ -195,7 +195,12 @@ def test_a_state_dict_is_refused_whole_and_loaded_whole(consume):
     wrong_shape = saved | {"exp_avg_sq.e": saved["exp_avg_sq.e"].T}
     said = r"^optimizer state exp_avg_sq.e has shape \(2, 5\), expected \(5, 2\)$"
     missing = {key: value for key, value in saved.items() if key != "exp_avg.w"}
-    for refused, message in [(wrong_shape, said), (missing, r"missing keys \['exp_avg.w'\]")]:
+    extra = saved | {"exp_avg.x": saved["exp_avg.w"]}
+    for refused, message in [
+        (wrong_shape, said),
+        (missing, r"missing keys \['exp_avg.w'\], unexpected keys \[\]$"),
+        (extra, r"missing keys \[\], unexpected keys \['exp_avg.x'\]$"),
+    ]:
         given = dict(refused)
         with pytest.raises(InputError, match=message):
             optimizer.load_state_dict(given, consume)
