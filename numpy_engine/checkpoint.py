@@ -115,7 +115,7 @@ def _from_archive(path: Path, archive) -> Checkpoint:
     def weight(key: str) -> np.ndarray:
         return _read(path, lambda: archive[f"param/{key}"])
 
-    _built(path, lambda: model.read_params(_under("param/", archive.files), weight))
+    _fitted(path, lambda: model.read_params(_under("param/", archive.files), weight))
     optim = _under("optim/", archive.files)
     optimizer_state = _read(path, lambda: {key: archive[f"optim/{key}"] for key in optim})
     return Checkpoint(model, optimizer_state, meta)
@@ -139,11 +139,11 @@ def _read(path: Path, read):
         ) from None
 
 
-def _built(path: Path, build):
-    """build() (a model of the checkpoint's config, or its weights read into it), its errors
-    as InputError naming the checkpoint."""
+def _fitted(path: Path, fit) -> None:
+    """fit() (the checkpoint's weights read into its model), a weight that does not fit the
+    model as InputError naming the checkpoint; a weight that could not be read as it is."""
     try:
-        return build()
+        fit()
     except UnreadableCheckpoint:
         raise
     except (ValueError, TypeError) as error:
