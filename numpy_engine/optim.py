@@ -305,7 +305,7 @@ class Optimizer:
                     f"optimizer state {key} has shape {flat[key].shape}, expected {value.shape}"
                 )
         self.step_count = int(flat["step"])
-        for key, value in expected.items():
+        for key, value in expected.items():  # "step" too: into a fresh array, and popped
             value[...] = flat.pop(key) if consume else flat[key]  # into the flat state's view
 
 
