@@ -10,6 +10,7 @@ three. Only numpy, safetensors and tokenizers are needed: no torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -46,23 +47,62 @@ BUFFERS = (".attn.bias", ".attn.masked_bias")  # old files' causal-mask buffers,
 def engine_params_from_hf(state: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
     """Hugging Face GPT-2 tensors (with or without the "transformer." prefix) keyed and laid
     out as the engine's GPT2 params; also maps gradients. Refuses a missing or unexpected key."""
-    state = _without_prefix_and_buffers(state)
-    out = {engine: _take(state, hf) for engine, hf in TOP_KEYS.items()}
+    layout = hf_layout(state, n_layers)
+    check_tied_head(state, layout, state.__getitem__)
+    return {
+        engine: np.ascontiguousarray(laid_out(state[hf], how))
+        for engine, (hf, how) in layout.items()
+    }
+
+
+def hf_layout(keys, n_layers: int) -> dict[str, tuple[str, int | str | None]]:
+    """Where each of the engine's GPT2 params comes from: its key -> (the Hugging Face key as
+    given, with or without "transformer.", and how laid_out lays it out). The mask buffers
+    and lm_head (the tied head: check_tied_head) are passed over. Refuses a missing or an
+    unexpected key, naming it."""
+    given = {}  # the key without its prefix -> the key as given
+    for key in keys:
+        short = key.removeprefix("transformer.")
+        if not (short.endswith(BUFFERS) or short == "lm_head.weight"):
+            given[short] = key
+    layout = {}
+
+    def take(engine: str, hf: str, how: int | str | None = None) -> None:
+        if hf not in given:
+            raise InputError(f"missing key {hf!r}")
+        layout[engine] = (given[hf], how)
+
+    for engine, hf in TOP_KEYS.items():
+        take(engine, hf)
     for i in range(n_layers):
-        qkv_w, qkv_b = (
-            _take(state, f"h.{i}.attn.c_attn.weight").T,
-            _take(state, f"h.{i}.attn.c_attn.bias"),
-        )
-        C = qkv_w.shape[1]
-        for j, name in enumerate(QKV):  # rows of the transposed (3C, C) weight
-            out[f"blocks.{i}.attn.{name}.weight"] = qkv_w[j * C : (j + 1) * C]
-            out[f"blocks.{i}.attn.{name}.bias"] = qkv_b[j * C : (j + 1) * C]
+        for j, name in enumerate(QKV):
+            take(f"blocks.{i}.attn.{name}.weight", f"h.{i}.attn.c_attn.weight", j)
+            take(f"blocks.{i}.attn.{name}.bias", f"h.{i}.attn.c_attn.bias", j)
         for engine, (hf, conv1d) in LAYER_KEYS.items():
-            value = _take(state, f"h.{i}.{hf}")
-            out[f"blocks.{i}.{engine}"] = value.T if conv1d else value
-    if state:
-        raise InputError(f"unexpected key {sorted(state)[0]!r} (not a GPT-2 parameter)")
-    return {key: np.ascontiguousarray(value) for key, value in out.items()}
+            take(f"blocks.{i}.{engine}", f"h.{i}.{hf}", "T" if conv1d else None)
+    unused = given.keys() - {hf.removeprefix("transformer.") for hf, _ in layout.values()}
+    if unused:
+        raise InputError(f"unexpected key {sorted(unused)[0]!r} (not a GPT-2 parameter)")
+    return layout
+
+
+def laid_out(value: np.ndarray, how: int | str | None) -> np.ndarray:
+    """A Hugging Face tensor as the engine lays it out (a view): None as it is; "T" a Conv1D
+    weight, (in, out), transposed to (out, in); j the j-th of q, k, v along c_attn's outputs,
+    its weight's (C, 3C) or its bias's (3C,), the weight's transposed."""
+    if how is None:
+        return value
+    if how == "T":
+        return value.T
+    C = value.shape[-1] // 3
+    return value[..., how * C : (how + 1) * C].T  # .T of the bias's part: the part itself
+
+
+def check_tied_head(keys, layout: dict, read) -> None:
+    """An lm_head.weight beside wte.weight must be wte (GPT-2 ties its head): read(key)."""
+    if "lm_head.weight" in keys:
+        if not np.array_equal(read("lm_head.weight"), read(layout["tok_embed.weight"][0])):
+            raise InputError("lm_head.weight differs from wte.weight: an untied head")
 
 
 def hf_state_from_engine(params: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
@@ -78,25 +118,6 @@ def hf_state_from_engine(params: dict[str, np.ndarray], n_layers: int) -> dict[s
             value = params[f"blocks.{i}.{engine}"]
             state[f"transformer.h.{i}.{hf}"] = value.T if conv1d else value
     return {key: np.ascontiguousarray(value) for key, value in state.items()}
-
-
-def _without_prefix_and_buffers(state: dict) -> dict:
-    out = {}
-    for key, value in state.items():
-        key = key.removeprefix("transformer.")
-        if key.endswith(BUFFERS) or key == "lm_head.weight":
-            continue  # the mask buffers are not parameters; lm_head is wte (checked below)
-        out[key] = value
-    if "lm_head.weight" in state and "wte.weight" in out:
-        if not np.array_equal(state["lm_head.weight"], out["wte.weight"]):
-            raise InputError("lm_head.weight differs from wte.weight: an untied head")
-    return out
-
-
-def _take(state: dict, key: str) -> np.ndarray:
-    if key not in state:
-        raise InputError(f"missing key {key!r}")
-    return state.pop(key)
 
 
 # ---------------------------------------------------------------------- configs
@@ -164,26 +185,27 @@ def hf_config_from_engine(cfg: GPT2Config) -> dict:
 # ------------------------------------------------------------------- the commands
 
 
-def _safetensors_numpy():
+def _safetensors():
     try:
+        import safetensors
         import safetensors.numpy
     except ImportError:
         raise InputError("this needs the hf extra: pip install -e '.[hf]'") from None
-    return safetensors.numpy
+    return safetensors
 
 
 def import_hf(directory: str | Path, out: str | Path) -> Path:
     """A Hugging Face GPT-2 directory as an engine checkpoint in out (its tokenizer too)."""
     directory = Path(directory)
-    st = _safetensors_numpy()
+    st = _safetensors()
     hf_config = _read_json(directory / "config.json")
-    state = _read_weights(st, directory)
-    dtype = "float64" if any(v.dtype == np.float64 for v in state.values()) else "float32"
-    config = config_from_hf(hf_config, dtype)
-    params = engine_params_from_hf(state, config.n_layers)
-    del state  # params hold its arrays, or views of them: each goes once copied into the model
-    model = GPT2.unwritten(config)
-    model.read_params(params.keys(), lambda key: params.pop(key).astype(dtype, copy=False))
+    with _open_weights(st, directory) as tensors:
+        float64 = any(tensors.dtype(key) == "F64" for key in tensors.where)
+        config = config_from_hf(hf_config, "float64" if float64 else "float32")
+        layout = hf_layout(tensors.where, config.n_layers)
+        check_tied_head(tensors.where, layout, tensors.read)
+        model = GPT2.unwritten(config)  # then its weights one at a time, each read when written
+        model.read_params(layout, lambda key: _engine_param(tensors, *layout[key], config.dtype))
     meta = {"task": "import-hf", "source": str(directory)}
     tokenizer = directory / "tokenizer.json"
     if tokenizer.is_file():
@@ -191,16 +213,78 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     return save_checkpoint(out, model, None, meta)
 
 
+def _engine_param(tensors: TensorFiles, hf: str, how, dtype: str) -> np.ndarray:
+    return laid_out(tensors.read(hf), how).astype(dtype, copy=False)  # float32 stays a view
+
+
+class TensorFiles:
+    """The tensors of safetensors files by key, each read from its file only when asked for:
+    an import holds the model and one tensor at a time (the largest, gpt2's wte: 154 MB),
+    not every tensor besides. Read by pread, not through a map of the file, whose pages
+    would count towards the process's memory as they were read. A context manager: its
+    exit closes the files."""
+
+    def __init__(self, st) -> None:
+        self.st, self.files = st, contextlib.ExitStack()
+        self.where: dict[str, tuple] = {}  # key -> (its file's handle, the file's path)
+
+    def add(self, path: Path) -> set[str]:
+        """Open a file (refused by name if it is no safetensors file); returns its keys."""
+        if not path.is_file():
+            raise InputError(f"{path}: no such file (import-hf reads safetensors)")
+        try:
+            handle = self.files.enter_context(_safe_open(self.st, path))
+            keys = set(handle.keys())
+        except Exception as error:  # safetensors raises its own error types for a corrupt file
+            raise InputError(f"{path}: not a readable safetensors file ({error})") from None
+        self.where |= dict.fromkeys(keys, (handle, path))
+        return keys
+
+    def dtype(self, key: str) -> str:
+        """safetensors' name of the tensor's dtype ("F32", "F64", ...), from its file's header."""
+        return self.where[key][0].get_slice(key).get_dtype()
+
+    def read(self, key: str) -> np.ndarray:
+        handle, path = self.where[key]
+        try:
+            return handle.get_tensor(key)
+        except Exception as error:  # a dtype NumPy has not (bfloat16), a file cut short
+            raise InputError(f"{path}: tensor {key!r} is not readable ({error})") from None
+
+    def __enter__(self) -> TensorFiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.files.close()
+
+
+def _safe_open(st, path: Path):
+    try:
+        return st.safe_open(path, framework="numpy", backend="pread")
+    except TypeError:  # safetensors before 0.8 has no backend: it maps the file (more memory)
+        return st.safe_open(path, framework="numpy")
+
+
 SHARD_INDEX = "model.safetensors.index.json"  # save_pretrained's list of a sharded model's files
 
 
-def _read_weights(st, directory: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the directory's model.safetensors, or of the shards its index lists."""
+def _open_weights(st, directory: Path) -> TensorFiles:
+    """The directory's model.safetensors, or the shards its index lists, opened."""
     single, index = directory / "model.safetensors", directory / SHARD_INDEX
-    if single.is_file():
-        return _read_safetensors(st, single)
-    if index.is_file():
-        return _read_shards(st, index)
+    tensors = TensorFiles(st)
+    with contextlib.ExitStack() as unless_opened:  # closes the files opened if one is refused
+        unless_opened.push(tensors)
+        if single.is_file():
+            tensors.add(single)
+        elif index.is_file():
+            _open_shards(tensors, index)
+        else:
+            _refuse_missing_weights(directory, single)
+        unless_opened.pop_all()
+    return tensors
+
+
+def _refuse_missing_weights(directory: Path, single: Path) -> None:
     pickled = sorted(path.name for path in directory.glob("pytorch_model*.bin"))
     if pickled:  # torch's pickles: reading them would need torch, and trusting the file
         raise InputError(
@@ -210,30 +294,18 @@ def _read_weights(st, directory: Path) -> dict[str, np.ndarray]:
     raise InputError(f"{single}: no such file, nor {SHARD_INDEX} (import-hf reads safetensors)")
 
 
-def _read_shards(st, index: Path) -> dict[str, np.ndarray]:
-    """The tensors of every shard the index lists, each checked to hold the keys listed for it."""
+def _open_shards(tensors: TensorFiles, index: Path) -> None:
+    """Every shard the index lists, each checked to hold the keys listed for it."""
     weight_map = _read_json(index).get("weight_map")  # key -> the shard's file name
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"{index}: no weight_map naming each key's shard")
-    state = {}
     for name in sorted(set(map(str, weight_map.values()))):
         if Path(name).name != name:  # a shard lies beside its index, never elsewhere
             raise InputError(f"{index}: shard {name!r} is not a file name in {index.parent}")
-        shard = _read_safetensors(st, index.parent / name)
-        lacking = {key for key, file in weight_map.items() if file == name} - shard.keys()
+        keys = tensors.add(index.parent / name)
+        lacking = {key for key, file in weight_map.items() if file == name} - keys
         if lacking:
             raise InputError(f"{index.parent / name}: lacks {min(lacking)!r}")
-        state |= shard
-    return state
-
-
-def _read_safetensors(st, path: Path) -> dict[str, np.ndarray]:
-    if not path.is_file():
-        raise InputError(f"{path}: no such file (import-hf reads safetensors)")
-    try:
-        return st.load_file(path)
-    except Exception as error:  # safetensors raises its own error types for a corrupt file
-        raise InputError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def _read_tokenizer(path: Path, vocab_size: int) -> str:
@@ -254,7 +326,7 @@ HF_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # what export
 
 def export_hf(checkpoint_path: str | Path, to: str | Path) -> Path:
     """An engine GPT-2 checkpoint as a directory GPT2LMHeadModel.from_pretrained loads."""
-    st = _safetensors_numpy()
+    st = _safetensors().numpy
     checkpoint = load_checkpoint(checkpoint_path)
     model = checkpoint.model
     if model.kind != GPT2.kind:

@@ -312,6 +312,45 @@ def test_import_reads_the_old_hub_layout_and_a_config_without_the_newer_settings
         np.testing.assert_array_equal(old_params[key], value)
 
 
+def test_import_reads_through_a_safetensors_without_pread(tmp_path, capsys, hf_dir, monkeypatch):
+    """safetensors before 0.8 has no backend argument (a TypeError, as pyo3 raises for any
+    unknown keyword): import-hf then reads through safetensors' map of the file, to the same
+    checkpoint, byte for byte."""
+    import safetensors
+
+    mapped = safetensors.safe_open
+
+    def before_pread(path, framework, **options):
+        if options:
+            raise TypeError(f"safe_open() got an unexpected keyword argument {min(options)!r}")
+        return mapped(path, framework)
+
+    read, mapped_read = tmp_path / "read", tmp_path / "mapped"
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(read))[0] == 0
+    monkeypatch.setattr(safetensors, "safe_open", before_pread)
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(mapped_read))[0] == 0
+    saved = [(run / "checkpoint.npz").read_bytes() for run in (read, mapped_read)]
+    assert saved[0] == saved[1] and len(saved[0]) > 0
+
+
+def test_a_tensor_numpy_cannot_hold_is_refused_by_its_key(tmp_path, capsys, hf_dir):
+    """A bfloat16 tensor (the header says so; NumPy has no such dtype) is read only when its
+    weight is written, and refused then, naming the file and the key, with nothing written."""
+    directory = spoiled(tmp_path, hf_dir)
+    weights = directory / "model.safetensors"
+    raw = weights.read_bytes()
+    size = int.from_bytes(raw[:8], "little")  # the JSON header's length, then the header
+    header = json.loads(raw[8 : 8 + size])
+    key = "transformer.ln_f.bias"
+    header[key] |= {"dtype": "BF16", "shape": [2 * header[key]["shape"][0]]}  # the same bytes
+    text = json.dumps(header).encode()
+    weights.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + size :])
+    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{weights}: tensor {key!r} is not readable (" in err and "bfloat16" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_import_of_torchs_pickled_weights_says_how_to_make_safetensors(tmp_path, capsys, hf_dir):
     """Older directories (save_pretrained before safetensors) hold pytorch_model.bin."""
     directory = tmp_path / "pickled"

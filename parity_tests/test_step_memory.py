@@ -369,6 +369,31 @@ def test_a_checkpoints_weights_are_read_into_the_model_one_at_a_time(tmp_path):
     assert resident_mib("VmRSS") - start < vector + 16
 
 
+def test_import_hf_reads_its_tensors_into_the_model_one_at_a_time(tmp_path):
+    """import-hf reads each safetensors tensor only when the model's weight it becomes is
+    written, by pread (hf.TensorFiles): its peak is the model and one tensor, not the model
+    and every tensor as well (a random 124M GPT-2: peak RSS 1004 -> 541 MB). The weights of
+    the checkpoint test above, as a Hugging Face directory."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from numpy_engine import hf
+
+    config = GPT2Config(vocab_size=40960, max_len=40960, d_model=256, n_heads=2, d_ff=40960)
+    model = GPT2.unwritten(replace(config, n_layers=1, dtype="float32"))
+    for i, view in enumerate(model.params.values()):
+        view[...] = i / 16  # each weight its own value: a weight misplaced would show
+    save_file(hf.hf_state_from_engine(model.params, 1), tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(hf.hf_config_from_engine(model.config)))
+    largest, vector = 40, model.flat.nbytes // 2**20  # MiB: the four weights and a little
+    reset_peak()
+    start = resident_mib("VmRSS")
+    run = hf.import_hf(tmp_path, tmp_path / "run")
+    assert resident_mib("VmHWM") - start < vector + largest + 16  # was 2 * vector
+    assert np.array_equal(load_checkpoint(run).model.flat, model.flat)
+
+
 @pytest.mark.parametrize("build", [copy_model, minigpt, gpt2])
 def test_a_model_reads_its_weights_one_at_a_time_and_each_once(build):
     """read_params (checkpoints, import-hf) reads a weight only once the last one read is
