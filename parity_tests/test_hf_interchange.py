@@ -351,6 +351,17 @@ def test_a_tensor_numpy_cannot_hold_is_refused_by_its_key(tmp_path, capsys, hf_d
     assert not (tmp_path / "run").exists()
 
 
+def test_mapping_a_state_refuses_an_untied_head_and_passes_over_a_tied_one(hf_dir):
+    """engine_params_from_hf (the tests' and crosscheck's map of gradients and weights) keeps
+    the import's rules: an lm_head.weight that is not wte.weight is refused."""
+    state = old_hub_layout(load_file(hf_dir / "model.safetensors"))
+    params = hf.engine_params_from_hf(state, 2)
+    np.testing.assert_array_equal(params["tok_embed.weight"], state["wte.weight"])
+    state["lm_head.weight"] = 2 * state["wte.weight"]
+    with pytest.raises(ValueError, match="lm_head.weight differs from wte.weight"):
+        hf.engine_params_from_hf(state, 2)
+
+
 def test_import_of_torchs_pickled_weights_says_how_to_make_safetensors(tmp_path, capsys, hf_dir):
     """Older directories (save_pretrained before safetensors) hold pytorch_model.bin."""
     directory = tmp_path / "pickled"
