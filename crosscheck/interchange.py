@@ -28,7 +28,7 @@ def sidecar(path: Path) -> Path:
 
 
 def export_checkpoint(checkpoint_path: str | Path, to: str | Path) -> Path:
-    checkpoint = load_checkpoint(checkpoint_path)
+    checkpoint = load_checkpoint(checkpoint_path, optimizer=False)
     model, to = checkpoint.model, Path(to)
     state_dict = {key: torch.tensor(value) for key, value in model.params.items()}
     try:

@@ -33,7 +33,7 @@ FILENAME = "checkpoint.npz"
 @dataclass
 class Checkpoint:
     model: Model
-    optimizer_state: dict[str, np.ndarray]  # empty when none was saved
+    optimizer_state: dict[str, np.ndarray] | None  # empty when none was saved; None: not read
     meta: dict
 
 
@@ -75,9 +75,11 @@ HEADER = ("format_version", "kind", "config", "meta")  # the archive's entries t
 PARTS = ("param/", "optim/")  # the prefixes of those that are
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
+def load_checkpoint(path: str | Path, optimizer: bool = True) -> Checkpoint:
     """The checkpoint in a run directory or .npz file. Its weights are read into the model one
-    at a time (Model.read_params): the read's peak is the model and its largest weight."""
+    at a time (Model.read_params): the read's peak is the model and its largest weight.
+    optimizer=False leaves the optimizer's state unread (optimizer_state None): all but
+    resuming need only the weights, and a fine-tuned GPT-2's moments are 950 MB more."""
     given, path = Path(path), resolve(path)
     if not path.exists():
         if given.is_file():  # resolve read it as a run directory
@@ -95,12 +97,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     with open(path, "rb") as file:  # our own handle: closed on error
         archive = _read(path, lambda: np.load(file, allow_pickle=False))
         with archive:
-            return _from_archive(path, archive)
+            return _from_archive(path, archive, optimizer)
 
 
-def _from_archive(path: Path, archive) -> Checkpoint:
+def _from_archive(path: Path, archive, optimizer: bool) -> Checkpoint:
     """The model made from the header, then its weights read into it one at a time
-    (Model.read_params), then the optimizer's state."""
+    (Model.read_params), then the optimizer's state if asked for."""
     unknown = [key for key in archive.files if key not in HEADER and not key.startswith(PARTS)]
     if unknown:
         raise InputError(f"checkpoint {path}: an entry {unknown[0]!r} that is no part of one")
@@ -116,6 +118,8 @@ def _from_archive(path: Path, archive) -> Checkpoint:
         return _read(path, lambda: archive[f"param/{key}"])
 
     _fitted(path, lambda: model.read_params(_under("param/", archive.files), weight))
+    if not optimizer:
+        return Checkpoint(model, None, meta)
     optim = _under("optim/", archive.files)
     optimizer_state = _read(path, lambda: {key: archive[f"optim/{key}"] for key in optim})
     return Checkpoint(model, optimizer_state, meta)

@@ -347,7 +347,7 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
 def run_generate(args: argparse.Namespace) -> int:
     from numpy_engine.checkpoint import load_checkpoint
 
-    checkpoint = load_checkpoint(args.checkpoint)
+    checkpoint = load_checkpoint(args.checkpoint, optimizer=False)
     if checkpoint.model.continues_prompt:
         return _generate_text(args, checkpoint)
     return _generate_sequence(args, checkpoint)

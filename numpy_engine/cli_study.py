@@ -93,7 +93,7 @@ def run_attention(args: argparse.Namespace) -> int:
     from numpy_engine.checkpoint import load_checkpoint
     from numpy_engine.plots import plot_attention
 
-    checkpoint = load_checkpoint(args.checkpoint)
+    checkpoint = load_checkpoint(args.checkpoint, optimizer=False)
     model = checkpoint.model
     if model.continues_prompt:
         ids, labels = _prompt_ids(args, checkpoint)

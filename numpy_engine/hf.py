@@ -327,7 +327,7 @@ HF_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # what export
 def export_hf(checkpoint_path: str | Path, to: str | Path) -> Path:
     """An engine GPT-2 checkpoint as a directory GPT2LMHeadModel.from_pretrained loads."""
     st = _safetensors().numpy
-    checkpoint = load_checkpoint(checkpoint_path)
+    checkpoint = load_checkpoint(checkpoint_path, optimizer=False)
     model = checkpoint.model
     if model.kind != GPT2.kind:
         raise InputError(f"export-hf writes GPT-2 models; this checkpoint holds a {model.kind}")

@@ -163,7 +163,7 @@ def train_char_lm(
     text = DEFAULT_TEXT if text is None else text
     model = None if state is None else state.model
     if state is None and cfg.init is not None:
-        start = load_checkpoint(cfg.init)
+        start = load_checkpoint(cfg.init, optimizer=False)  # its weights: a new run's own moments
         _continuing_text(type(start.model))
         model, codec = start.model, start.meta
     corpus = corpus_from_meta(codec, text) if codec else CharCorpus(text)
