@@ -58,13 +58,12 @@ def engine_params_from_hf(state: dict[str, np.ndarray], n_layers: int) -> dict[s
 def hf_layout(keys, n_layers: int) -> dict[str, tuple[str, int | str | None]]:
     """Where each of the engine's GPT2 params comes from: its key -> (the Hugging Face key as
     given, with or without "transformer.", and how laid_out lays it out). The mask buffers
-    and lm_head (the tied head: check_tied_head) are passed over. Refuses a missing or an
-    unexpected key, naming it."""
+    and lm_head.weight (the tied head: check_tied_head) are passed over. Refuses a missing
+    or an unexpected key, naming it."""
     given = {}  # the key without its prefix -> the key as given
     for key in keys:
-        short = key.removeprefix("transformer.")
-        if not (short.endswith(BUFFERS) or short == "lm_head.weight"):
-            given[short] = key
+        if not (key.endswith(BUFFERS) or key == "lm_head.weight"):
+            given[key.removeprefix("transformer.")] = key
     layout = {}
 
     def take(engine: str, hf: str, how: int | str | None = None) -> None:
@@ -80,9 +79,9 @@ def hf_layout(keys, n_layers: int) -> dict[str, tuple[str, int | str | None]]:
             take(f"blocks.{i}.attn.{name}.bias", f"h.{i}.attn.c_attn.bias", j)
         for engine, (hf, conv1d) in LAYER_KEYS.items():
             take(f"blocks.{i}.{engine}", f"h.{i}.{hf}", "T" if conv1d else None)
-    unused = given.keys() - {hf.removeprefix("transformer.") for hf, _ in layout.values()}
+    unused = set(given.values()) - {hf for hf, _ in layout.values()}
     if unused:
-        raise InputError(f"unexpected key {sorted(unused)[0]!r} (not a GPT-2 parameter)")
+        raise InputError(f"unexpected key {min(unused)!r} (not a GPT-2 parameter)")
     return layout
 
 

@@ -149,7 +149,16 @@ def reshaped(key):
     [
         ({"model_type": "bert"}, None, "model_type is 'bert'; only gpt2"),
         (None, without("transformer.h.1.mlp.c_fc.bias"), "missing key 'h.1.mlp.c_fc.bias'"),
-        (None, lambda w: w | {"transformer.h.0.extra": w["transformer.ln_f.bias"]}, "'h.0.extra'"),
+        (
+            None,
+            lambda w: w | {"transformer.h.0.extra": w["transformer.ln_f.bias"]},
+            "unexpected key 'transformer.h.0.extra' (not a GPT-2 parameter)",
+        ),
+        (
+            None,
+            lambda w: w | {"transformer.lm_head.weight": w["transformer.wte.weight"]},
+            "unexpected key 'transformer.lm_head.weight'",  # a head is never under transformer.
+        ),
         (None, reshaped("transformer.ln_f.bias"), "final_norm.bias'] must have shape (16,)"),
         ({"layer_norm_epsilon": 1e-6}, None, "layer_norm_epsilon=1e-06 is not supported"),
         (
