@@ -6,6 +6,7 @@ export-hf back into from_pretrained. And each malformed directory is refused by 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -453,6 +454,32 @@ def test_import_refuses_a_sharded_directory_whose_shards_do_not_match_its_index(
     status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
     assert status == 2 and words in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_import_closes_the_files_it_opened(tmp_path, sharded_dir):
+    """An import refused at a shard (here its index lists a key the first shard lacks) has
+    closed the shards it opened when it raises, not later, when its frames are let go of
+    (the refusal's traceback holds them here)."""
+    directory = tmp_path / "spoiled"
+    shutil.copytree(sharded_dir, directory)
+    spoil_index(listed_in_first_shard)(directory)
+    with pytest.raises(ValueError, match="lacks 'transformer.h.9.extra'") as refused:
+        hf.import_hf(directory, tmp_path / "run")
+    assert refused.tb is not None and files_open_in(directory) == []  # its frames still held
+    assert files_open_in(sharded_dir) == []  # the import that reads it, after it returns
+    hf.import_hf(sharded_dir, tmp_path / "run")
+    assert files_open_in(sharded_dir) == []
+
+
+def files_open_in(directory: Path) -> list[str]:
+    """The files under directory this process holds open (Linux: /proc/self/fd)."""
+    targets = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            targets.append(os.readlink(fd))
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return [target for target in targets if target.startswith(str(directory))]
 
 
 @pytest.mark.parametrize(
