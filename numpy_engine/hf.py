@@ -264,12 +264,13 @@ def _safe_open(st, path: Path):
         return st.safe_open(path, framework="numpy")
 
 
+SINGLE_FILE = "model.safetensors"  # save_pretrained's weights of a model below max_shard_size
 SHARD_INDEX = "model.safetensors.index.json"  # save_pretrained's list of a sharded model's files
 
 
 def _open_weights(st, directory: Path) -> TensorFiles:
     """The directory's model.safetensors, or the shards its index lists, opened."""
-    single, index = directory / "model.safetensors", directory / SHARD_INDEX
+    single, index = directory / SINGLE_FILE, directory / SHARD_INDEX
     tensors = TensorFiles(st)
     with contextlib.ExitStack() as unless_opened:  # closes the files opened if one is refused
         unless_opened.push(tensors)
@@ -278,12 +279,13 @@ def _open_weights(st, directory: Path) -> TensorFiles:
         elif index.is_file():
             _open_shards(tensors, index)
         else:
-            _refuse_missing_weights(directory, single)
+            _refuse_missing_weights(directory)
         unless_opened.pop_all()
     return tensors
 
 
-def _refuse_missing_weights(directory: Path, single: Path) -> None:
+def _refuse_missing_weights(directory: Path) -> None:
+    single = directory / SINGLE_FILE
     pickled = sorted(path.name for path in directory.glob("pytorch_model*.bin"))
     if pickled:  # torch's pickles: reading them would need torch, and trusting the file
         raise InputError(

@@ -440,7 +440,10 @@ def listed_in_first_shard(index: dict) -> dict:
             "shard '../model.safetensors' is not a file name in",
         ),
         (spoil_index(listed_in_first_shard), "lacks 'transformer.h.9.extra'"),
-        (lambda d: (d / hf.SHARD_INDEX).unlink(), "no such file, nor model.safetensors.index"),
+        (
+            lambda d: (d / hf.SHARD_INDEX).unlink(),
+            "{directory}/model.safetensors: no such file, nor model.safetensors.index",
+        ),
     ],
 )
 def test_import_refuses_a_sharded_directory_whose_shards_do_not_match_its_index(
@@ -449,7 +452,7 @@ def test_import_refuses_a_sharded_directory_whose_shards_do_not_match_its_index(
     """Each refusal is one line naming the file ({first}: the index's first shard)."""
     directory = tmp_path / "spoiled"
     shutil.copytree(sharded_dir, directory)
-    words = words.format(first=first_shard(directory))
+    words = words.format(first=first_shard(directory), directory=directory)
     spoil(directory)
     status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
     assert status == 2 and words in err and len(err.strip().splitlines()) == 1, err
