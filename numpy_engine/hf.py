@@ -199,10 +199,10 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     st = _safetensors()
     hf_config = _read_json(directory / "config.json")
     with _open_weights(st, directory) as tensors:
-        float64 = any(tensors.dtype(key) == "F64" for key in tensors.where)
+        float64 = any(tensors.dtype(key) == "F64" for key in tensors.keys())
         config = config_from_hf(hf_config, "float64" if float64 else "float32")
-        layout = hf_layout(tensors.where, config.n_layers)
-        check_tied_head(tensors.where, layout, tensors.read)
+        layout = hf_layout(tensors.keys(), config.n_layers)
+        check_tied_head(tensors.keys(), layout, tensors.read)
         model = GPT2.unwritten(config)  # then its weights one at a time, each read when written
         model.read_params(layout, lambda key: _engine_param(tensors, *layout[key], config.dtype))
     meta = {"task": "import-hf", "source": str(directory)}
@@ -238,6 +238,9 @@ class TensorFiles:
             raise InputError(f"{path}: not a readable safetensors file ({error})") from None
         self.where |= dict.fromkeys(keys, (handle, path))
         return keys
+
+    def keys(self):
+        return self.where.keys()
 
     def dtype(self, key: str) -> str:
         """safetensors' name of the tensor's dtype ("F32", "F64", ...), from its file's header."""
@@ -335,7 +338,7 @@ def export_hf(checkpoint_path: str | Path, to: str | Path) -> Path:
     to = Path(to)
     to.mkdir(parents=True, exist_ok=True)
     state = hf_state_from_engine(model.params, model.config.n_layers)
-    st.save_file(state, to / "model.safetensors", metadata={"format": "pt"})
+    st.save_file(state, to / SINGLE_FILE, metadata={"format": "pt"})
     config = json.dumps(hf_config_from_engine(model.config), indent=2)
     (to / "config.json").write_text(config + "\n")
     if "tokenizer" in checkpoint.meta:
