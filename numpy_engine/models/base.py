@@ -56,7 +56,7 @@ class Decoder(Protocol):
 
 
 class _NoDraws:
-    """Stands in for the random generator of a model whose weights are replaced at once
+    """Stands in for the random generator of a model whose weights are written afterwards
     (Model.unwritten): each draw is zeros of its shape, which the system provides page by
     page only as they are written. The kinds' initialisers draw with these three."""
 
