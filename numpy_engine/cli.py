@@ -27,10 +27,12 @@ from numpy_engine.cli_args import (
     add_checkpoint_argument,
     add_source_or_prompt,
     fraction,
+    non_negative_float,
     non_negative_int,
     parse_command,
     positive_float,
     positive_int,
+    probability,
     refuse_an_existing_checkpoint,
     refuse_with_each_commands_usage,
     run_command,
@@ -169,7 +171,7 @@ def add_generate_command(commands) -> None:
     )
     gen.add_argument(
         "--temperature",
-        type=float,
+        type=non_negative_float,
         help="char-lm, lm: 0 is greedy; above 0 samples from softmax(logits / T) (default: 0, or 1 "
         "with --top-k / --top-p)",
     )
@@ -178,7 +180,7 @@ def add_generate_command(commands) -> None:
     )
     gen.add_argument(
         "--top-p",
-        type=positive_float,
+        type=probability,
         help="char-lm, lm: sample among the likeliest whose mass reaches p, 0 < p <= 1 (samples)",
     )
     gen.add_argument(

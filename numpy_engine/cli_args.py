@@ -56,6 +56,22 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A temperature: 0 (greedy) or above, finite."""
+    value = float(text)
+    if not 0 <= value < math.inf:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A share of probability mass, above 0 and at most 1 (top-p)."""
+    value = float(text)
+    if not 0 < value <= 1:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number strictly between 0 and 1 (a share of something: the text held out)."""
     value = float(text)

@@ -197,6 +197,9 @@ def import_hf(directory: str | Path, out: str | Path) -> Path:
     """A Hugging Face GPT-2 directory as an engine checkpoint in out (its tokenizer too)."""
     directory = Path(directory)
     st = _safetensors()
+    if not directory.is_dir():
+        what = "a file, not a directory" if directory.exists() else "no such directory"
+        raise InputError(f"{directory}: {what} (import-hf reads a Hugging Face model's directory)")
     hf_config = _read_json(directory / "config.json")
     with _open_weights(st, directory) as tensors:
         float64 = any(tensors.dtype(key) == "F64" for key in tensors.keys())

@@ -292,6 +292,19 @@ def test_import_and_export_write_over_nothing_a_user_has(tmp_path, capsys, hf_di
     assert a_file.read_text() == "mine"
 
 
+def test_import_names_a_directory_that_is_a_file_or_missing(tmp_path, capsys):
+    """Each was refused as "DIR/config.json: not readable JSON ([Errno 20] Not a directory)"
+    or "DIR/config.json: no such file": now the directory itself, exit 2, nothing written."""
+    a_file, missing = tmp_path / "notes.txt", tmp_path / "gpt2"
+    a_file.write_text("mine")
+    for given, what in ((a_file, "a file, not a directory"), (missing, "no such directory")):
+        status, _, err = cli(capsys, "import-hf", str(given), "--out", str(tmp_path / "run"))
+        assert status == 2 and err.endswith(
+            f"error: {given}: {what} (import-hf reads a Hugging Face model's directory)\n"
+        ), err
+    assert sorted(tmp_path.iterdir()) == [a_file] and a_file.read_text() == "mine"
+
+
 def old_hub_layout(weights: dict) -> dict:
     """Weights as older hub files hold them: no "transformer." prefix, each block's causal
     mask buffers (attn.bias, attn.masked_bias), and the tied head saved as lm_head.weight."""
