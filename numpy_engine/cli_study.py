@@ -124,14 +124,26 @@ def _prompt_ids(args: argparse.Namespace, checkpoint) -> tuple[np.ndarray, list[
 def run_plot(args: argparse.Namespace) -> int:
     from numpy_engine.plots import plot_history
 
-    history_file = Path(args.run_dir) / "history.json"
+    run_dir = Path(args.run_dir)
+    history_file = run_dir / "history.json"
+    if not history_file.is_file():
+        raise InputError(f"{run_dir}: {_no_history(run_dir)}")
     try:
         history = json.loads(history_file.read_text())
     except (OSError, ValueError) as error:
         raise InputError(f"{history_file}: cannot read the history ({error})") from None
-    out = args.out or Path(args.run_dir) / "loss.png"
+    out = args.out or run_dir / "loss.png"
     print(f"wrote {plot_history(history, out)}")
     return 0
+
+
+def _no_history(run_dir: Path) -> str:
+    """Why run_dir has no history to plot, for a run_dir whose history.json is no file."""
+    if not run_dir.exists():
+        return "no such directory"
+    if not run_dir.is_dir():
+        return "a file, not a run directory"
+    return "no history.json; plot redraws the losses of a run that train --out kept"
 
 
 def run_grads(args: argparse.Namespace) -> int:

@@ -49,6 +49,26 @@ def test_plot_redraws_from_the_history(runs, tmp_path):
     assert_real_picture(runs / "char" / "loss.png")
 
 
+def test_plot_names_what_a_run_directory_lacks(tmp_path, capsys):
+    """Each was "DIR/history.json: cannot read the history ([Errno 2] ...)": now what is wrong
+    with the directory given, exit 2, nothing drawn."""
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "imported").mkdir()  # as import-hf leaves it: a checkpoint and no history
+    (tmp_path / "imported" / "checkpoint.npz").write_bytes(b"PK\x05\x06" + bytes(18))
+    (tmp_path / "spoiled").mkdir()
+    (tmp_path / "spoiled" / "history.json").write_text("{not json")
+    for name, said in [
+        ("missing", "missing: no such directory"),
+        ("notes.txt", "notes.txt: a file, not a run directory"),
+        ("imported", "imported: no history.json; plot redraws the losses of a run that train"),
+        ("spoiled", "history.json: cannot read the history (Expecting property name"),
+    ]:
+        assert main(["plot", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {tmp_path / name}" in err and said in err and "Traceback" not in err, err
+    assert sorted(path.name for path in tmp_path.rglob("*.png")) == []
+
+
 def test_attention_takes_a_prompt_of_one_token_up_to_the_context(runs, tmp_path, capsys):
     char = str(runs / "char")
     context = load_checkpoint(char).model.config.max_len
