@@ -72,6 +72,12 @@ def directional_derivative(
     return None
 
 
+def region_at(f: Probe) -> bytes | None:
+    """The region f reports at its inputs as they are (None for a smooth f): the piece that
+    each nudged point's region is compared with (directional_derivative)."""
+    return _evaluate(f)[1]
+
+
 def _evaluate(f: Probe) -> tuple[float, bytes | None]:
     out = f()
     return (out, None) if np.ndim(out) == 0 else out
@@ -175,6 +181,7 @@ def check_directions(
     steps: tuple[float, ...] = (1e-5, 1e-4),
     f_terms: float = 0.0,
     noise: float | None = None,
+    region: bytes | None | object = _AT_X,
 ) -> GradientCheck:
     """The smallest relative error, over steps, of the analytic gradient's derivatives along
     directions (flat indices of x, or arrays shaped like x) against finite differences.
@@ -188,7 +195,8 @@ def check_directions(
     avoid one is left out (NaN; the error is NaN if none is judged). f_terms, when f is a
     sum, is the sum of its terms' magnitudes: its rounding is at least eps * f_terms even
     where the measurement saw none (f flat in x, as for a key bias). noise, when given, is
-    f's rounding as rounding_noise measured it (once for many tensors of one f).
+    f's rounding as rounding_noise measured it (once for many tensors of one f); region,
+    when given, is region_at(f) (also once for many tensors: x is restored bit for bit).
     """
     _check_nudgeable(x)
     expected = np.array([_along(analytic, d) for d in directions])
@@ -197,7 +205,8 @@ def check_directions(
         noise = rounding_noise(f, x, busiest)
     noise = max(noise, np.finfo(np.float64).eps * f_terms)
     best = GradientCheck(np.nan, np.full(len(directions), np.nan))  # NaN error: none judged
-    _, region = _evaluate(f)  # once for every direction and step
+    if region is _AT_X:
+        region = region_at(f)  # once for every direction and step
     for h in steps:
         estimates = [directional_derivative(f, x, d, h, region=region) for d in directions]
         numeric = np.array([np.nan if e is None else e for e in estimates])

@@ -19,7 +19,7 @@ from crosscheck.compare import (
     sensitivities,
 )
 from numpy_engine import blocks
-from numpy_engine.gradcheck import check_directions, rounding_noise
+from numpy_engine.gradcheck import check_directions, region_at, rounding_noise
 from numpy_engine.layers import FFNCache
 
 
@@ -107,15 +107,24 @@ def assert_gradients_match_fd(
     """Each tensor's gradient against central differences of probe, which reads the tensors
     (nudged in place), along DIRECTIONS_PER_TENSOR random directions: one difference weighs
     every entry at once, as PyTorch's gradcheck fast mode does. probe's rounding is measured
-    once, along the tensor with the largest gradient; f_terms as check_directions takes it."""
+    once, along the tensor with the largest gradient, and its region once (a nudge restores
+    the tensors bit for bit); f_terms as check_directions takes it."""
     assert grads.keys() == tensors.keys(), f"{name}: gradients for {sorted(grads)}"
     largest = max(grads, key=lambda key: np.linalg.norm(grads[key]))
     noise = rounding_noise(probe, tensors[largest], rng.standard_normal(grads[largest].shape))
+    region = region_at(probe)  # the tensors' region as they are, restored after every nudge
     for key, x in tensors.items():
         assert grads[key].shape == x.shape, f"{name}: d{key} has shape {grads[key].shape}"
         directions = [rng.standard_normal(x.shape) for _ in range(DIRECTIONS_PER_TENSOR)]
         check = check_directions(
-            probe, x, grads[key], directions, FD_TOLERANCE, f_terms=f_terms, noise=noise
+            probe,
+            x,
+            grads[key],
+            directions,
+            FD_TOLERANCE,
+            f_terms=f_terms,
+            noise=noise,
+            region=region,
         )
         record(name, check.error)
         assert check.error < FD_TOLERANCE, (

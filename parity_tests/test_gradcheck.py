@@ -198,6 +198,9 @@ def test_the_best_of_the_steps_is_kept_and_the_first_within_tolerance_ends_the_s
 
     check_directions(counted, x, 3 * x**2, [0], steps=(1e-5, 1e-4), noise=1e-16)
     assert len(calls) == 1 + 4  # f at x, then one step's two central differences
+    calls.clear()  # x's region given (region_at, once for many tensors): f at x is not asked
+    check_directions(counted, x, 3 * x**2, [0], steps=(1e-5, 1e-4), noise=1e-16, region=None)
+    assert len(calls) == 4
 
 
 def test_f_terms_raise_the_noise_for_a_gradient_that_is_truly_zero():
