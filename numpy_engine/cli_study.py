@@ -138,7 +138,7 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def _no_history(run_dir: Path) -> str:
-    """Why run_dir has no history to plot, for a run_dir whose history.json is no file."""
+    """Why run_dir has no history to plot (its history.json is not a file)."""
     if not run_dir.exists():
         return "no such directory"
     if not run_dir.is_dir():

@@ -62,7 +62,7 @@ def directional_derivative(
     evaluated each time.
     """
     if region is _AT_X:
-        _, region = _evaluate(f)
+        region = region_at(f)
     while h >= smallest_h:
         d_h, left_h = _central_difference(f, x, direction, h, region)
         d_half, left_half = _central_difference(f, x, direction, h / 2, region)
