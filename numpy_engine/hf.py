@@ -239,6 +239,10 @@ class TensorFiles:
             keys = set(handle.keys())
         except Exception as error:  # safetensors raises its own error types for a corrupt file
             raise InputError(f"{path}: not a readable safetensors file ({error})") from None
+        twice = keys & self.where.keys()  # which copy is the weight? neither is chosen
+        if twice:
+            key = min(twice)
+            raise InputError(f"{path}: holds {key!r}, which {self.where[key][1]} holds too")
         self.where |= dict.fromkeys(keys, (handle, path))
         return keys
 
@@ -302,7 +306,8 @@ def _refuse_missing_weights(directory: Path) -> None:
 
 
 def _open_shards(tensors: TensorFiles, index: Path) -> None:
-    """Every shard the index lists, each checked to hold the keys listed for it."""
+    """Every shard the index lists, each checked to hold the keys listed for it and no key
+    that another shard holds (TensorFiles.add)."""
     weight_map = _read_json(index).get("weight_map")  # key -> the shard's file name
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"{index}: no weight_map naming each key's shard")

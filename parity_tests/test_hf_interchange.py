@@ -436,6 +436,13 @@ def spoil_index(change):
     return spoil
 
 
+def second_shard_holds_a_key_of_the_first(directory: Path) -> None:
+    first, second = (directory / name for name in shard_names(directory)[:2])
+    from_first = load_file(first)
+    key = min(from_first)
+    save_file(load_file(second) | {key: from_first[key] + 1}, second)
+
+
 def listed_in_first_shard(index: dict) -> dict:
     shard = min(index["weight_map"].values())
     return index | {"weight_map": index["weight_map"] | {"transformer.h.9.extra": shard}}
@@ -453,6 +460,7 @@ def listed_in_first_shard(index: dict) -> dict:
             "shard '../model.safetensors' is not a file name in",
         ),
         (spoil_index(listed_in_first_shard), "lacks 'transformer.h.9.extra'"),
+        (second_shard_holds_a_key_of_the_first, "{second}: holds '{key}', which {first} holds too"),
         (
             lambda d: (d / hf.SHARD_INDEX).unlink(),
             "{directory}/model.safetensors: no such file, nor model.safetensors.index",
@@ -465,7 +473,9 @@ def test_import_refuses_a_sharded_directory_whose_shards_do_not_match_its_index(
     """Each refusal is one line naming the file ({first}: the index's first shard)."""
     directory = tmp_path / "spoiled"
     shutil.copytree(sharded_dir, directory)
-    words = words.format(first=first_shard(directory), directory=directory)
+    first, second = (directory / name for name in shard_names(directory)[:2])
+    key = min(load_file(first))
+    words = words.format(first=first, second=second, key=key, directory=directory)
     spoil(directory)
     status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
     assert status == 2 and words in err and len(err.strip().splitlines()) == 1, err
