@@ -374,7 +374,7 @@ def _generate_text(args: argparse.Namespace, checkpoint) -> int:
     if args.prompt is None:
         raise InputError("this is a language-model checkpoint: give --prompt, not --source")
     corpus = corpus_from_meta(checkpoint.meta)
-    ids = corpus.encode(args.prompt)
+    ids = corpus.encode(args.prompt, what="--prompt")
     if len(ids) == 0:
         raise InputError("--prompt is empty")
     temperature, max_new = _sampling(args), args.max_new_tokens or 80

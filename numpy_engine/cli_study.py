@@ -111,7 +111,7 @@ def _prompt_ids(args: argparse.Namespace, checkpoint) -> tuple[np.ndarray, list[
     if args.prompt is None:
         raise InputError("this is a language-model checkpoint: give --prompt, not --source")
     corpus = corpus_from_meta(checkpoint.meta)
-    ids = corpus.encode(args.prompt)
+    ids = corpus.encode(args.prompt, what="--prompt")
     context = checkpoint.model.config.max_len
     if not 0 < len(ids) <= context:
         raise InputError(

@@ -90,6 +90,9 @@ def read_text(path: str | Path) -> str:
     return text
 
 
+SHOWN_VOCABULARY = 120  # characters an unknown-character error lists, at most
+
+
 class Corpus:
     """A text as token ids, cut into (input, next-token) windows. Subclasses say how text
     becomes ids: CharCorpus by its characters, TokenizerCorpus by a Hugging Face tokenizer."""
@@ -97,7 +100,8 @@ class Corpus:
     ids: np.ndarray  # (tokens,)
     vocab_size: int
 
-    def encode(self, text: str) -> np.ndarray:
+    def encode(self, text: str, what: str = "text") -> np.ndarray:
+        """text's ids; what names it in an error (e.g. "--prompt")."""
         raise NotImplementedError
 
     def decode(self, ids) -> str:
@@ -167,10 +171,15 @@ class CharCorpus(Corpus):
     def vocab_size(self) -> int:
         return len(self.chars)
 
-    def encode(self, text: str) -> np.ndarray:
+    def encode(self, text: str, what: str = "text") -> np.ndarray:
         unknown = sorted(set(text) - set(self.index))
         if unknown:
-            raise InputError(f"text has characters outside the vocabulary: {unknown!r}")
+            known = "".join(self.chars)
+            listed = f" are {known!r}" if len(known) <= SHOWN_VOCABULARY else ""
+            raise InputError(
+                f"{what} has characters outside the vocabulary: {unknown!r} (the model's "
+                f"{len(known)} characters{listed})"
+            )
         return np.array([self.index[ch] for ch in text], dtype=np.int64)
 
     def decode(self, ids) -> str:
@@ -199,8 +208,8 @@ class TokenizerCorpus(Corpus):
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.ids = self.encode(text)
 
-    def encode(self, text: str) -> np.ndarray:
-        return np.array(self.tokenizer.encode(text).ids, dtype=np.int64)
+    def encode(self, text: str, what: str = "text") -> np.ndarray:
+        return np.array(self.tokenizer.encode(text).ids, dtype=np.int64)  # bytes: never unknown
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -140,7 +140,10 @@ def test_char_lm_trains_on_a_text_file_and_generates(tmp_path):
     )
     assert sample.returncode == 0 and sample.stdout.startswith("ab") and len(sample.stdout) == 8
     outside = run_cli("generate", "--checkpoint", str(out), "--prompt", "xyz")
-    assert outside.returncode == 2 and "outside the vocabulary: ['x', 'y', 'z']" in outside.stderr
+    assert outside.returncode == 2 and "--prompt has characters outside the vocabulary: " in (
+        outside.stderr
+    )
+    assert "['x', 'y', 'z'] (the model's 4 characters are ' abc')" in outside.stderr
     assert len(outside.stderr.strip().splitlines()) == 1 and "Traceback" not in outside.stderr
 
 

@@ -11,6 +11,7 @@ from numpy_engine.tasks import (
     DEFAULT_TEXT,
     EOS,
     PAD,
+    SHOWN_VOCABULARY,
     CharCorpus,
     Corpus,
     every_target_once,
@@ -69,8 +70,15 @@ def test_char_corpus_vocabulary_and_shifted_windows():
 
 
 def test_char_corpus_errors(tmp_path):
-    with pytest.raises(ValueError, match="outside the vocabulary: \\['x'\\]"):
+    with pytest.raises(ValueError, match="^text has characters outside the vocabulary: \\['x'\\] "):
         CharCorpus("to be").encode("box")
+    with pytest.raises(
+        ValueError, match="^--prompt has .* \\(the model's 5 characters are ' beot'\\)$"
+    ):
+        CharCorpus("to be").encode("box", what="--prompt")
+    wide = "".join(chr(0x4E00 + i) for i in range(SHOWN_VOCABULARY + 1))  # not listed, counted
+    with pytest.raises(ValueError, match=f"\\['x'\\] \\(the model's {len(wide)} characters\\)$"):
+        CharCorpus(wide).encode("x")
     with pytest.raises(ValueError, match="a context of 8 needs at least 9"):
         CharCorpus("abcd").batch(np.random.default_rng(0), 2, 8)
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
