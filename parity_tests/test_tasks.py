@@ -76,7 +76,10 @@ def test_char_corpus_errors(tmp_path):
         ValueError, match="^--prompt has .* \\(the model's 5 characters are ' beot'\\)$"
     ):
         CharCorpus("to be").encode("box", what="--prompt")
-    wide = "".join(chr(0x4E00 + i) for i in range(SHOWN_VOCABULARY + 1))  # not listed, counted
+    at_limit = "".join(chr(0x4E00 + i) for i in range(SHOWN_VOCABULARY))  # listed in full
+    with pytest.raises(ValueError, match=f"{SHOWN_VOCABULARY} characters are '{at_limit}'\\)$"):
+        CharCorpus(at_limit).encode("x")
+    wide = at_limit + "\u9fff"  # one more: counted, not listed
     with pytest.raises(ValueError, match=f"\\['x'\\] \\(the model's {len(wide)} characters\\)$"):
         CharCorpus(wide).encode("x")
     with pytest.raises(ValueError, match="a context of 8 needs at least 9"):
