@@ -436,11 +436,12 @@ def spoil_index(change):
     return spoil
 
 
-def second_shard_holds_a_key_of_the_first(directory: Path) -> None:
+def first_shard_holds_a_key_of_the_second(directory: Path) -> None:
+    """The second shard's largest key, not its smallest: the refusal names the key held twice."""
     first, second = (directory / name for name in shard_names(directory)[:2])
-    from_first = load_file(first)
-    key = min(from_first)
-    save_file(load_file(second) | {key: from_first[key] + 1}, second)
+    from_second = load_file(second)
+    key = max(from_second)
+    save_file(load_file(first) | {key: from_second[key] + 1}, first)
 
 
 def listed_in_first_shard(index: dict) -> dict:
@@ -460,7 +461,7 @@ def listed_in_first_shard(index: dict) -> dict:
             "shard '../model.safetensors' is not a file name in",
         ),
         (spoil_index(listed_in_first_shard), "lacks 'transformer.h.9.extra'"),
-        (second_shard_holds_a_key_of_the_first, "{second}: holds '{key}', which {first} holds too"),
+        (first_shard_holds_a_key_of_the_second, "{second}: holds '{key}', which {first} holds too"),
         (
             lambda d: (d / hf.SHARD_INDEX).unlink(),
             "{directory}/model.safetensors: no such file, nor model.safetensors.index",
@@ -474,7 +475,7 @@ def test_import_refuses_a_sharded_directory_whose_shards_do_not_match_its_index(
     directory = tmp_path / "spoiled"
     shutil.copytree(sharded_dir, directory)
     first, second = (directory / name for name in shard_names(directory)[:2])
-    key = min(load_file(first))
+    key = max(load_file(second))
     words = words.format(first=first, second=second, key=key, directory=directory)
     spoil(directory)
     status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
