@@ -125,7 +125,8 @@ def bench_summary(**configs) -> dict:
     """A bench summary as run() makes it, with one row per config given as its overrides."""
     row = dict(engine_ms=3.22, torch_ms=4.0, ratio=0.8049, ratio_middle_half=(0.79, 0.82))
     row |= dict(flops_per_step=1e6, engine_gflops=0.31, engine_peak_fraction=0.01, numpy_calls=458)
-    summary = dict(threads=1, matmul_peak_gflops=100.0, processor="x")
+    summary = dict(threads=1, matmul_peak_gflops=100.0, matmul_peak_readings=[90.0, 100.0])
+    summary["processor"] = "x"
     summary["blas"] = {"numpy": "openblas", "torch": "mkl"}
     summary["configs"] = {name: row | overrides for name, overrides in configs.items()}
     return summary
@@ -204,7 +205,8 @@ def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeyp
     monkeypatch.setattr(bench, "threadpool_limits", threadpool_limits)
     monkeypatch.setattr(bench, "time_config", time_config)
     monkeypatch.setattr(bench, "peak_memory_mb", peak_memory_mb)
-    monkeypatch.setattr(bench, "matmul_peak_gflops", lambda: 50.0)
+    readings = iter([40.0, 50.0, 45.0] * 3)  # before copy, after it, after large; each run
+    monkeypatch.setattr(bench, "matmul_peak_gflops", lambda: next(readings))
     monkeypatch.setattr(bench, "numpy_calls", lambda cfg: 7)
     monkeypatch.setattr(bench, "matmul_floor", lambda cfg: {"floor": cfg.name})
     for steps, large_steps in ((40, 8), (15, 3), (10, 3)):
@@ -221,7 +223,8 @@ def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeyp
             ("large", "engine", 2, 2),
             ("large", "torch", 2, 2),
         ]
-        assert summary["threads"] == 2 and summary["matmul_peak_gflops"] == 50.0
+        assert summary["threads"] == 2 and summary["matmul_peak_gflops"] == 50.0  # the best
+        assert summary["matmul_peak_readings"] == [40.0, 50.0, 45.0]
         copy, large = summary["configs"]["copy"], summary["configs"]["large"]
         assert copy["steps_timed"] == steps and large["steps_timed"] == large_steps
         for row in (copy, large):
@@ -234,6 +237,14 @@ def test_bench_table_prints_each_ratio_to_three_decimals():
     """The bars sit at two decimals (0.80, 0.30): a ratio of 0.8049 must not read 0.80."""
     cells = bench.table(bench_summary(copy={})).splitlines()[2].split()
     assert cells[1:5] == ["3.22", "4.00", "0.805", "0.79-0.82"]
+
+
+def test_bench_table_says_the_peak_is_the_best_of_its_readings():
+    first = bench.table(bench_summary(copy={})).splitlines()[0]
+    assert first == (
+        "float32, 1 thread(s); np.matmul peak 100.0 GFLOP/s (1024x1024, the best of 2 "
+        "readings, 90.0-100.0); BLAS: NumPy openblas, torch mkl; x"
+    )
 
 
 def test_bench_table_prints_memory_and_floors_where_they_were_measured():
