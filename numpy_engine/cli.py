@@ -157,7 +157,8 @@ def add_generate_command(commands) -> None:
         help="generate from a trained checkpoint",
         description="Greedy decoding from a copy/reverse checkpoint (--source), or greedy / "
         "sampled text from a language model's checkpoint (--prompt): char-lm, lm, or a GPT-2 "
-        "made by import-hf.",
+        "made by import-hf. The text is shown as each token comes; Ctrl-C stops it and keeps "
+        "what was shown.",
     )
     add_checkpoint_argument(gen)
     add_source_or_prompt(
@@ -368,8 +369,10 @@ def _sampling(args: argparse.Namespace) -> float:
 
 
 def _generate_text(args: argparse.Namespace, checkpoint) -> int:
-    from numpy_engine.generate import generate
-    from numpy_engine.tasks import corpus_from_meta
+    """The prompt and its continuation on stdout, each token's text as soon as it is settled
+    (tasks.TextSoFar); Ctrl-C keeps what was shown and ends the line."""
+    from numpy_engine.generate import continuation
+    from numpy_engine.tasks import TextSoFar, corpus_from_meta
 
     if args.prompt is None:
         raise InputError("this is a language-model checkpoint: give --prompt, not --source")
@@ -378,7 +381,7 @@ def _generate_text(args: argparse.Namespace, checkpoint) -> int:
     if len(ids) == 0:
         raise InputError("--prompt is empty")
     temperature, max_new = _sampling(args), args.max_new_tokens or 80
-    out = generate(
+    steps = continuation(  # checks its arguments here, before anything is shown
         checkpoint.model,
         ids,
         max_new,
@@ -388,8 +391,19 @@ def _generate_text(args: argparse.Namespace, checkpoint) -> int:
         args.seed,
         use_cache=not args.no_cache,
     )
-    print(corpus.decode(out[0]))
+    text = TextSoFar(corpus, ids)
+    _show(text.settled())
+    try:
+        for next_ids in steps:  # (1,): one prompt
+            _show(text.add(next_ids[0]))
+    finally:  # the end, or Ctrl-C: what is left, and the line's end
+        _show(text.rest() + "\n")
     return 0
+
+
+def _show(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()  # a token at a time, not when the buffer fills
 
 
 def _generate_sequence(args: argparse.Namespace, checkpoint) -> int:

@@ -8,6 +8,7 @@ the new position through a KV cache; use_cache=False reruns the whole prefix, th
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -114,14 +115,42 @@ def generate(
     """prompt (B, T0) ids -> (B, T0 + n) ids, n = max_new_tokens, or fewer when every row has
     produced the config's eos_id (a row that has repeats it). The model sees the last
     max_len ids."""
+    ids = _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p)
+    steps = _new_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, use_cache)
+    return np.concatenate([ids, *(next_ids[:, None] for next_ids in steps)], axis=1)
+
+
+def continuation(
+    model: Model,
+    prompt: np.ndarray,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    use_cache: bool = True,
+) -> Iterator[np.ndarray]:
+    """generate's new ids one step at a time, (B,) each, as soon as each is chosen (a caller
+    shows each token before the next is computed). The arguments are checked here, before
+    the first step."""
+    ids = _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p)
+    return _new_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, use_cache)
+
+
+def _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p) -> np.ndarray:
+    """The prompt as (B, T0) ids, once every argument of generate is checked."""
     if not model.continues_prompt:
         raise InputError(f"generate continues a prompt; a {model.kind} model reads a source")
     check_sampling(temperature, top_k, top_p)
     _check_count("max_new_tokens", max_new_tokens, minimum=0)
     ids = checks.as_array("prompt", prompt)
-    ids = checks.check_token_ids(
+    return checks.check_token_ids(
         "prompt", ids[None, :] if ids.ndim == 1 else ids, model.config.vocab_size
     )
+
+
+def _new_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, use_cache):
+    """Yields each step's (B,) ids after the prompt ids (B, T0), as generate describes."""
     rng = np.random.default_rng(seed)
     decoder = model.decoder(ids, use_cache)
     eos = getattr(model.config, "eos_id", None)  # a config without one never stops early
@@ -131,7 +160,7 @@ def generate(
         if eos is not None:
             next_ids = np.where(finished, eos, next_ids)  # a finished row repeats EOS
             finished |= next_ids == eos
+        yield next_ids
         if step == max_new_tokens - 1 or finished.all():  # no logits needed after the last
-            return np.concatenate([decoder.ids, next_ids[:, None]], axis=1)
+            return
         decoder.append(next_ids)
-    return decoder.ids

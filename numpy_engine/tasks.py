@@ -99,6 +99,9 @@ class Corpus:
 
     ids: np.ndarray  # (tokens,)
     vocab_size: int
+    # decode(ids + more) starts with decode(ids), but for the U+FFFD of a character whose
+    # bytes are not all there yet: generated text can be shown as it comes (TextSoFar)
+    decodes_by_prefix: bool = False
 
     def encode(self, text: str, what: str = "text") -> np.ndarray:
         """text's ids; what names it in an error (e.g. "--prompt")."""
@@ -160,6 +163,8 @@ def every_target_once(ids: np.ndarray, context: int, ignore_index: int) -> tuple
 class CharCorpus(Corpus):
     """A text as ids over its sorted characters (or over a given vocabulary's)."""
 
+    decodes_by_prefix = True  # one character an id
+
     def __init__(self, text: str, vocabulary: str | None = None) -> None:
         if len(text) < 2 and vocabulary is None:
             raise InputError(f"text must have at least 2 characters, got {len(text)}")
@@ -207,6 +212,8 @@ class TokenizerCorpus(Corpus):
             raise InputError(f"{where}: not a readable tokenizer ({error})") from None
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.ids = self.encode(text)
+        # byte-level (GPT-2's): an id's bytes are appended to the others', then read as UTF-8
+        self.decodes_by_prefix = type(self.tokenizer.decoder).__name__ == "ByteLevel"
 
     def encode(self, text: str, what: str = "text") -> np.ndarray:
         return np.array(self.tokenizer.encode(text).ids, dtype=np.int64)  # bytes: never unknown
@@ -216,6 +223,44 @@ class TokenizerCorpus(Corpus):
 
     def codec(self) -> dict:
         return {"tokenizer": self.tokenizer_json}
+
+
+UNFINISHED = "\ufffd"  # what UTF-8 decoding makes of a character's first bytes alone
+
+
+class TextSoFar:
+    """The text of a prompt's ids and of the ids generated after it, given out as it settles:
+    what later ids cannot change. With a corpus that decodes_by_prefix, that is all of it but
+    a character whose bytes are not all there yet (a byte-level tokenizer's id may hold part
+    of one: it reads as U+FFFD until the rest comes); with another, the text settles only at
+    the end (a tokenizer may tidy earlier text as ids come, e.g. the spaces before "."),
+    where rest() gives it all. The pieces given out add up to corpus.decode of every id."""
+
+    def __init__(self, corpus: Corpus, prompt_ids) -> None:
+        self.corpus, self.ids = corpus, [int(i) for i in prompt_ids]
+        self.given = ""
+
+    def settled(self) -> str:
+        """The settled text not given out yet (the prompt's, at first); gives it out."""
+        if not self.corpus.decodes_by_prefix:
+            return ""
+        return self._give(self.corpus.decode(self.ids).rstrip(UNFINISHED))
+
+    def add(self, next_id) -> str:
+        """Takes the next generated id; returns the text it settles (often its own text; ""
+        while a character's bytes are incomplete, then the whole character)."""
+        self.ids.append(int(next_id))
+        return self.settled()
+
+    def rest(self) -> str:
+        """Every id has come: the text not given out yet."""
+        return self._give(self.corpus.decode(self.ids))
+
+    def _give(self, text: str) -> str:
+        if not text.startswith(self.given):  # decodes_by_prefix promised it could not be
+            raise AssertionError(f"{self.given!r} is not the start of {text!r}")
+        new, self.given = text[len(self.given) :], text
+        return new
 
 
 def corpus_from_meta(meta: dict, text: str = "") -> Corpus:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -145,6 +149,38 @@ def test_char_lm_trains_on_a_text_file_and_generates(tmp_path):
     )
     assert "['x', 'y', 'z'] (the model's 4 characters are ' abc')" in outside.stderr
     assert len(outside.stderr.strip().splitlines()) == 1 and "Traceback" not in outside.stderr
+
+
+def test_generate_shows_its_text_as_it_comes_and_ctrl_c_keeps_it(tmp_path):
+    """Asked for 10^8 tokens, generate has shown the prompt and generated characters long
+    before its end; Ctrl-C then stops it with the text shown so far and the line ended."""
+    out = tmp_path / "run"
+    assert engine_main(["train", "char-lm", "--steps", "1", "--out", str(out), "--quiet"]) == 0
+    args = [
+        "generate",
+        "--checkpoint",
+        str(out),
+        "--prompt",
+        "to ",
+        "--max-new-tokens",
+        "100000000",
+    ]
+    with subprocess.Popen(
+        [sys.executable, "-m", "numpy_engine", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+    ) as run:
+        shown, deadline = b"", time.monotonic() + 60
+        while len(shown) < 40 and time.monotonic() < deadline:  # the prompt, 37 characters more
+            if select.select([run.stdout], [], [], 1.0)[0]:
+                shown += os.read(run.stdout.fileno(), 4096) or b"(ended)"
+        run.send_signal(signal.SIGINT)
+        rest, err = run.communicate(timeout=60)
+    text = (shown + rest).decode()
+    assert len(shown) >= 40, shown  # before Ctrl-C, before the end
+    assert run.returncode == 130 and err.decode() == "numpy-engine generate: interrupted\n", err
+    assert text.startswith("to ") and text.endswith("\n") and len(text) > 40, text
 
 
 def test_lm_without_init_trains_a_small_gpt2_on_the_texts_characters(tmp_path, capsys):

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -21,7 +23,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from numpy_engine import hf
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import main
-from numpy_engine.tasks import DEFAULT_TEXT, TokenizerCorpus
+from numpy_engine.tasks import DEFAULT_TEXT, TextSoFar, TokenizerCorpus
 
 EOT = "<|endoftext|>"
 
@@ -297,10 +299,10 @@ def test_import_names_a_directory_that_is_a_file_or_missing(tmp_path, capsys):
     or "DIR/config.json: no such file": now the directory itself, exit 2, nothing written."""
     a_file, missing = tmp_path / "notes.txt", tmp_path / "gpt2"
     a_file.write_text("mine")
-    for given, what in ((a_file, "a file, not a directory"), (missing, "no such directory")):
-        status, _, err = cli(capsys, "import-hf", str(given), "--out", str(tmp_path / "run"))
+    for named, what in ((a_file, "a file, not a directory"), (missing, "no such directory")):
+        status, _, err = cli(capsys, "import-hf", str(named), "--out", str(tmp_path / "run"))
         assert status == 2 and err.endswith(
-            f"error: {given}: {what} (import-hf reads a Hugging Face model's directory)\n"
+            f"error: {named}: {what} (import-hf reads a Hugging Face model's directory)\n"
         ), err
     assert sorted(tmp_path.iterdir()) == [a_file] and a_file.read_text() == "mine"
 
@@ -552,6 +554,48 @@ def test_a_tokenizer_corpus_holds_the_texts_ids_and_decodes_them_back():
     assert corpus.ids.tolist() == tokenizer.encode(DEFAULT_TEXT).ids
     assert corpus.decode(corpus.ids) == DEFAULT_TEXT
     assert corpus.vocab_size == tokenizer.get_vocab_size() == 281  # the trainer stops there
+
+
+def pieces_of(text: TextSoFar, new_ids: list[int]) -> list[str]:
+    """What generate shows: the prompt's settled text, each new id's, then the rest."""
+    return [text.settled(), *(text.add(i) for i in new_ids), text.rest()]
+
+
+BPE = bpe_tokenizer(DEFAULT_TEXT)  # ASCII merges; every other byte is an id of its own
+
+
+@given(
+    prompt=st.lists(st.integers(0, BPE.get_vocab_size() - 1), min_size=1, max_size=4),
+    new_ids=st.lists(st.integers(0, BPE.get_vocab_size() - 1), max_size=24),
+)
+@example(prompt=BPE.encode("to").ids, new_ids=BPE.encode(" \u00e9\u20ac be").ids)
+def test_generated_text_is_given_out_as_it_settles_and_adds_up_to_the_whole(prompt, new_ids):
+    """Byte-level ids: the pieces add up to the decoded text of every id, and no piece but
+    the last ends in the U+FFFD of a character whose bytes are still to come."""
+    corpus = TokenizerCorpus(BPE.to_str())
+    assert corpus.decodes_by_prefix
+    pieces = pieces_of(TextSoFar(corpus, prompt), new_ids)
+    assert "".join(pieces) == corpus.decode(prompt + new_ids)
+    assert not any(piece.endswith("\ufffd") for piece in pieces[:-1]), pieces
+
+
+def test_a_character_is_given_out_once_its_last_byte_comes():
+    """e-acute is two bytes (two ids here), the euro sign three."""
+    corpus = TokenizerCorpus(BPE.to_str())
+    new_ids = BPE.encode("\u00e9\u20ac!").ids
+    assert len(new_ids) == 6
+    pieces = pieces_of(TextSoFar(corpus, BPE.encode("to").ids), new_ids)
+    assert pieces == ["to", "", "\u00e9", "", "", "\u20ac", "!", ""]
+
+
+def test_text_of_a_tokenizer_that_may_tidy_earlier_text_is_given_out_at_the_end():
+    """A WordPiece decoder joins "##" pieces to the word before: text settles at the end."""
+    vocab = {"[UNK]": 0, "to": 1, "be": 2, "##e": 3}
+    wordpiece = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    wordpiece.pre_tokenizer, wordpiece.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
+    corpus = TokenizerCorpus(wordpiece.to_str())
+    assert not corpus.decodes_by_prefix
+    assert pieces_of(TextSoFar(corpus, [1]), [2, 3]) == ["", "", "", "to bee"]
 
 
 def test_an_imported_model_is_not_a_run_to_resume_and_says_how_to_train_it(
