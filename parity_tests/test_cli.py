@@ -16,14 +16,17 @@ import numpy as np
 import pytest
 
 from crosscheck.cli import build_parser as crosscheck_parser
+from numpy_engine import cli
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import build_parser as engine_parser
 from numpy_engine.cli import main as engine_main
 from numpy_engine.cli import print_result
 from numpy_engine.cli_args import parse_command
-from numpy_engine.generate import greedy_decode
+from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.models.gpt2 import GPT2
+from numpy_engine.models.minigpt import MiniGPT
 from numpy_engine.parallel import DataParallel, OneProcess
+from numpy_engine.tasks import corpus_from_meta
 from numpy_engine.train import SequenceTrainConfig, train_sequence_task
 
 RUN_FILES = ["checkpoint.npz", "history.json", "result.json"]  # what --out DIR holds
@@ -408,6 +411,69 @@ def test_train_keeps_an_existing_run_and_refuses_a_file_as_out(untrained_copy, t
     assert engine_main(["train", "copy", "--steps", "1", "--out", str(a_file), "--quiet"]) == 2
     assert "is a file, not a directory" in capsys.readouterr().err
     assert a_file.read_text() == "mine"
+
+
+@pytest.fixture(scope="module")
+def untrained_char(tmp_path_factory):
+    """A char-lm checkpoint of one step: its next characters are near-uniform, so a draw
+    depends on every sampling flag."""
+    out = tmp_path_factory.mktemp("untrained-char")
+    assert engine_main(["train", "char-lm", "--steps", "1", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "flags, expected",  # expected: generate's (max_new_tokens, temperature, top_k, top_p, seed)
+    [
+        ([], (80, 0.0, None, None, 0)),
+        (["--max-new-tokens", "7", "--temperature", "1.5", "--seed", "3"], (7, 1.5, None, None, 3)),
+        (["--max-new-tokens", "9", "--top-k", "3", "--seed", "5"], (9, 1.0, 3, None, 5)),
+        (["--max-new-tokens", "9", "--top-p", "0.5", "--seed", "1"], (9, 1.0, None, 0.5, 1)),
+        (["--max-new-tokens", "6", "--no-cache"], (6, 0.0, None, None, 0)),
+    ],
+)
+def test_generate_from_a_prompt_is_the_librarys_generate(
+    untrained_char, flags, expected, capsys, monkeypatch
+):
+    """The shown text is the library's generate with the flags' values (or the defaults:
+    80 new tokens, greedy, seed 0), through the KV cache unless --no-cache. The prompt is
+    shown before the first step; each new token takes the logits once, and the last one
+    is not run through the model (nothing reads its logits)."""
+    checkpoint = load_checkpoint(untrained_char, optimizer=False)
+    corpus = corpus_from_meta(checkpoint.meta)
+    ids = corpus.encode("to ")
+    wanted = corpus.decode(generate(checkpoint.model, ids, *expected)[0]) + "\n"
+    events, make_decoder, show = [], MiniGPT.decoder, cli._show
+    monkeypatch.setattr(MiniGPT, "decoder", recorded_decoder(make_decoder, events))
+    monkeypatch.setattr(cli, "_show", lambda piece: (events.append(("show", piece)), show(piece)))
+    capsys.readouterr()
+    run = ["generate", "--checkpoint", str(untrained_char), "--prompt", "to ", *flags]
+    assert engine_main(run) == 0
+    assert capsys.readouterr().out == wanted
+    assert events[:2] == [("show", "to "), ("decoder", "--no-cache" not in flags)]
+    assert events.count("logits") == expected[0] and events.count("append") == expected[0] - 1
+
+
+def recorded_decoder(make_decoder, events: list):
+    """MiniGPT.decoder, its making and each call of the decoder it makes noted in events."""
+
+    class Recorded:
+        def __init__(self, decoder) -> None:
+            self.decoder = decoder
+
+        def next_logits(self):
+            events.append("logits")
+            return self.decoder.next_logits()
+
+        def append(self, next_ids) -> None:
+            events.append("append")
+            self.decoder.append(next_ids)
+
+    def decoder(model, prompt, use_cache=True):
+        events.append(("decoder", use_cache))
+        return Recorded(make_decoder(model, prompt, use_cache))
+
+    return decoder
 
 
 @pytest.mark.parametrize("flags, max_new", [([], 4), (["--max-new-tokens", "2"], 2)])
