@@ -234,27 +234,37 @@ class TextSoFar:
     a character whose bytes are not all there yet (a byte-level tokenizer's id may hold part
     of one: it reads as U+FFFD until the rest comes); with another, the text settles only at
     the end (a tokenizer may tidy earlier text as ids come, e.g. the spaces before "."),
-    where rest() gives it all. The pieces given out add up to corpus.decode of every id."""
+    where rest() gives it all. The pieces given out add up to corpus.decode of every id.
+
+    Only the ids since the text last ended on a whole character are decoded again (the
+    text of the ones before it cannot change), so a long generation costs no more a token
+    than a short one."""
 
     def __init__(self, corpus: Corpus, prompt_ids) -> None:
-        self.corpus, self.ids = corpus, [int(i) for i in prompt_ids]
-        self.given = ""
+        self.corpus = corpus
+        self.pending = [int(i) for i in prompt_ids]  # the ids whose text is not all given out
+        self.given = ""  # the part of the pending ids' text given out
 
     def settled(self) -> str:
         """The settled text not given out yet (the prompt's, at first); gives it out."""
         if not self.corpus.decodes_by_prefix:
             return ""
-        return self._give(self.corpus.decode(self.ids).rstrip(UNFINISHED))
+        text = self.corpus.decode(self.pending)
+        settled = text.rstrip(UNFINISHED)
+        new = self._give(settled)
+        if settled == text:  # it ends on a whole character: the next ids decode on their own
+            self.pending, self.given = [], ""
+        return new
 
     def add(self, next_id) -> str:
         """Takes the next generated id; returns the text it settles (often its own text; ""
         while a character's bytes are incomplete, then the whole character)."""
-        self.ids.append(int(next_id))
+        self.pending.append(int(next_id))
         return self.settled()
 
     def rest(self) -> str:
         """Every id has come: the text not given out yet."""
-        return self._give(self.corpus.decode(self.ids))
+        return self._give(self.corpus.decode(self.pending))
 
     def _give(self, text: str) -> str:
         if not text.startswith(self.given):  # decodes_by_prefix promised it could not be

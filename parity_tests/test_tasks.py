@@ -14,6 +14,7 @@ from numpy_engine.tasks import (
     SHOWN_VOCABULARY,
     CharCorpus,
     Corpus,
+    TextSoFar,
     every_target_once,
     read_text,
     sequence_task,
@@ -138,3 +139,17 @@ def test_a_holdout_is_the_texts_end_and_each_part_must_hold_a_window():
         split_off_heldout(np.arange(40), 0.2, context=8)
     with pytest.raises(ValueError, match="leaves the training part 4 of the text's 40 tokens; a"):
         split_off_heldout(np.arange(40), 0.9, context=8)
+
+
+def test_text_so_far_decodes_only_the_ids_since_the_last_whole_character(monkeypatch):
+    """A long generation costs no more a token than a short one: after the prompt, each
+    character's id is decoded alone, and the pieces are the characters."""
+    corpus = CharCorpus(DEFAULT_TEXT)
+    decoded = []
+    decode = corpus.decode
+    monkeypatch.setattr(corpus, "decode", lambda ids: (decoded.append(len(ids)), decode(ids))[1])
+    new_ids = corpus.encode(DEFAULT_TEXT * 4)
+    text = TextSoFar(corpus, corpus.encode("to "))
+    pieces = [text.settled(), *(text.add(i) for i in new_ids), text.rest()]
+    assert pieces == ["to ", *DEFAULT_TEXT * 4, ""]
+    assert decoded == [3, *[1] * len(new_ids), 0]
