@@ -588,6 +588,19 @@ def test_a_character_is_given_out_once_its_last_byte_comes():
     assert pieces == ["to", "", "\u00e9", "", "", "\u20ac", "!", ""]
 
 
+def test_once_a_character_is_whole_its_ids_are_not_decoded_again(monkeypatch):
+    """The prompt ends inside e-acute: "a" is given out, the first byte's id kept; once the
+    second byte comes, the text is whole, and each later id is decoded alone."""
+    corpus = TokenizerCorpus(BPE.to_str())
+    decoded, decode = [], corpus.decode
+    monkeypatch.setattr(corpus, "decode", lambda ids: (decoded.append(len(ids)), decode(ids))[1])
+    a, e_acute, b = (BPE.encode(text).ids for text in ("a", "\u00e9", "b"))
+    assert len(a) == len(b) == 1 and len(e_acute) == 2
+    pieces = pieces_of(TextSoFar(corpus, a + e_acute[:1]), e_acute[1:] + b * 5)
+    assert pieces == ["a", "\u00e9", *"b" * 5, ""]
+    assert decoded == [2, 3, 1, 1, 1, 1, 1, 0]
+
+
 def test_text_of_a_tokenizer_that_may_tidy_earlier_text_is_given_out_at_the_end():
     """A WordPiece decoder joins "##" pieces to the word before: text settles at the end."""
     vocab = {"[UNK]": 0, "to": 1, "be": 2, "##e": 3}
