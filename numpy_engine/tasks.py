@@ -202,7 +202,7 @@ class TokenizerCorpus(Corpus):
     ) -> None:
         """where: what to call tokenizer_json in an error (a file, or a checkpoint's)."""
         try:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer, decoders
         except ImportError:
             raise InputError(f"{where} needs the hf extra: pip install -e '.[hf]'") from None
         self.tokenizer_json = tokenizer_json
@@ -213,7 +213,7 @@ class TokenizerCorpus(Corpus):
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.ids = self.encode(text)
         # byte-level (GPT-2's): an id's bytes are appended to the others', then read as UTF-8
-        self.decodes_by_prefix = type(self.tokenizer.decoder).__name__ == "ByteLevel"
+        self.decodes_by_prefix = isinstance(self.tokenizer.decoder, decoders.ByteLevel)
 
     def encode(self, text: str, what: str = "text") -> np.ndarray:
         return np.array(self.tokenizer.encode(text).ids, dtype=np.int64)  # bytes: never unknown
