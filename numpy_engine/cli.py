@@ -40,7 +40,7 @@ from numpy_engine.cli_args import (
 )
 from numpy_engine.cli_hf import add_hf_commands
 from numpy_engine.cli_study import add_study_commands
-from numpy_engine.configs import REFERENCE_RUNS
+from numpy_engine.configs import NEW_MODEL_RUNS, REFERENCE_RUNS, reference_run
 
 TORCH_COMMANDS = {
     "parity": "compare every gradient with the PyTorch reference on one padded batch",
@@ -77,11 +77,20 @@ RUN_FLAGS = {
 
 
 def _defaults(name: str) -> str:
-    """'default: 7', or per task where they differ: 'default: copy 800, reverse 1000, ...'."""
+    """'default: 7', or per task where they differ: 'default: copy 800, reverse 1000, ...',
+    with a new model's default beside its task's where that differs ('lm 100 (300 without
+    --init)')."""
     values = {task: vars(cfg)[name] for task, cfg in REFERENCE_RUNS.items() if name in vars(cfg)}
-    if len(set(values.values())) == 1:
+    new_model = {
+        task: f" ({vars(cfg)[name]} without --init)"
+        for task, cfg in NEW_MODEL_RUNS.items()
+        if vars(cfg)[name] != values[task]
+    }
+    if len(set(values.values())) == 1 and not new_model:
         return f"default: {next(iter(values.values()))}"
-    return "default: " + ", ".join(f"{task} {value}" for task, value in values.items())
+    return "default: " + ", ".join(
+        f"{task} {value}{new_model.get(task, '')}" for task, value in values.items()
+    )
 
 
 def add_train_command(commands) -> None:
@@ -98,7 +107,8 @@ def add_train_command(commands) -> None:
         help="copy / reverse: the encoder-decoder on 1-3 symbol sequences; "
         "char-lm: MiniGPT on a character corpus; lm: fine-tune a checkpoint (--init) on "
         "--text with its own tokenizer, or without --init train a small GPT-2 from scratch on "
-        "the text's characters (the tasks of configs.REFERENCE_RUNS)",
+        "the text's characters, at char-lm's learning rate and steps (the tasks of "
+        "configs.REFERENCE_RUNS)",
     )
     for name, (kind, text, *in_words) in RUN_FLAGS.items():
         default = in_words[0] if in_words else _defaults(name)
@@ -328,7 +338,7 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     from numpy_engine import train
     from numpy_engine.tasks import read_text
 
-    reference = REFERENCE_RUNS[args.task]
+    reference = reference_run(args.task, new_model="init" not in given)
     for name in given.keys() - {f.name for f in dataclasses.fields(reference)}:
         raise InputError(f"{_flag(name)} does not apply to {args.task}")
     if "eval_every" in given and hasattr(reference, "holdout") and "holdout" not in given:
