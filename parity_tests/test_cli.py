@@ -52,6 +52,8 @@ HELP_WORDS = {
         "--text",
         "char-lm 32",
         "lm 0.0001 (0.003 without --init)",
+        "the batches (default: 7)",  # one default for every task: said once
+        "norm to this (default: 1.0)",
         "--init",
         "(default: none, every token is trained on)",
         "(default: none, a new model)",
