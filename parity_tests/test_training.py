@@ -106,7 +106,7 @@ def test_progress_prints_every_tenth_and_the_first_and_last_steps_with_speed_and
     """A run resumed at step 10 of 40 prints its first step (11), every fourth, the last,
     and any step with an evaluation's text; each line with its loss, its speed since the
     start, and the time left at that speed."""
-    clock = iter(100.0 + k / 2 for k in range(100))  # half a second a reading
+    clock = iter(100.0 + k / 2 for k in range(100))  # half a second a reading, one a step
     monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
     stream = io.StringIO()
     progress = loop.Progress(40, stream, first_step=10)  # reads 100.0
@@ -115,16 +115,36 @@ def test_progress_prints_every_tenth_and_the_first_and_last_steps_with_speed_and
     lines = stream.getvalue().splitlines()
     printed = [int(line.split()[1].split("/")[0]) for line in lines]
     assert printed == [11, 12, 13, 16, 20, 24, 28, 32, 36, 40]
-    # only a printed line reads the clock: the n-th one reads 100 + n / 2
-    for n, (step, line) in enumerate(zip(printed, lines, strict=True), start=1):
-        rate = (step - 10) / (n / 2)
-        assert line.startswith(f"step {step:>5}/40  loss {1.0 / step:.4f}  {rate:6.1f} steps/s")
-        assert line.endswith(f"{(40 - step) / rate:5.1f} s left" + "  eval" * (step == 13))
+    for step, line in zip(printed, lines, strict=True):  # step s reads 100 + (s - 10) / 2
+        assert line.startswith(f"step {step:>5}/40  loss {1.0 / step:.4f}     2.0 steps/s")
+        assert line.endswith(f"{(40 - step) / 2:5.1f} s left" + "  eval" * (step == 13))
     loop.Progress(40, None).update(40, 1.0)  # no stream: nothing printed, no error
     monkeypatch.setattr(loop.time, "perf_counter", lambda: 7.0)  # a clock too coarse to move
     loop.Progress(40, stream).update(1, 2.0)
     last = stream.getvalue().splitlines()[-1]
     assert last == "step     1/40  loss 2.0000     inf steps/s    0.0 s left"
+
+
+def test_progress_of_slow_steps_comes_every_30_seconds_in_seconds_a_step(monkeypatch):
+    """Steps of 3 s (a 124M GPT-2's here): besides every tenth of the run, a line whenever
+    30 s have gone by since the last one; the speed in seconds a step, the time left in
+    minutes or hours."""
+    clock = iter(3.0 * k for k in range(10_000))  # three seconds a reading, one a step
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+    stream = io.StringIO()
+    progress = loop.Progress(5000, stream)  # reads 0
+    for step in range(1, 1202):
+        progress.update(step, loss=2.0)
+    lines = stream.getvalue().splitlines()
+    printed = [int(line.split()[1].split("/")[0]) for line in lines]
+    # 30 s after step 1, then after each line; a tenth of the run (500, 1000) starts it anew
+    assert printed == [1, *range(11, 500, 10), *range(500, 1201, 10)]  # not 1201: 3 s on
+    assert lines[0] == "step     1/5000  loss 2.0000    3.00 s/step  4 h 10 min left"
+    assert lines[-1] == "step  1200/5000  loss 2.0000    3.00 s/step  3 h 10 min left"
+    assert loop.duration(59.94) == " 59.9 s" and loop.duration(59.96) == " 60.0 s"
+    assert loop.duration(61.0) == " 1 min 01 s" and loop.duration(3599.4) == "59 min 59 s"
+    assert loop.duration(3599.6) == "1 h 00 min" and loop.duration(7259.0) == "2 h 01 min"
+    assert loop.speed(1.0) == "   1.0 steps/s" and loop.speed(0.999) == "  1.00 s/step"
 
 
 LEAST = dict(steps=1, batch_size=1, eval_every=1, context=1, seed=0)
