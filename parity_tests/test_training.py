@@ -119,6 +119,11 @@ def test_progress_prints_every_tenth_and_the_first_and_last_steps_with_speed_and
         assert line.startswith(f"step {step:>5}/40  loss {1.0 / step:.4f}     2.0 steps/s")
         assert line.endswith(f"{(40 - step) / 2:5.1f} s left" + "  eval" * (step == 13))
     loop.Progress(40, None).update(40, 1.0)  # no stream: nothing printed, no error
+    short_run = io.StringIO()
+    short = loop.Progress(19, short_run)  # a tenth of it is under two steps: every step
+    for step in range(1, 20):
+        short.update(step, loss=1.0)
+    assert len(short_run.getvalue().splitlines()) == 19
     monkeypatch.setattr(loop.time, "perf_counter", lambda: 7.0)  # a clock too coarse to move
     loop.Progress(40, stream).update(1, 2.0)
     last = stream.getvalue().splitlines()[-1]
@@ -142,6 +147,7 @@ def test_progress_of_slow_steps_comes_every_30_seconds_in_seconds_a_step(monkeyp
     assert lines[0] == "step     1/5000  loss 2.0000    3.00 s/step  4 h 10 min left"
     assert lines[-1] == "step  1200/5000  loss 2.0000    3.00 s/step  3 h 10 min left"
     assert loop.duration(59.94) == " 59.9 s" and loop.duration(59.96) == " 60.0 s"
+    assert loop.duration(60.0) == " 1 min 00 s"
     assert loop.duration(61.0) == " 1 min 01 s" and loop.duration(3599.4) == "59 min 59 s"
     assert loop.duration(3599.6) == "1 h 00 min" and loop.duration(7259.0) == "2 h 01 min"
     assert loop.speed(1.0) == "   1.0 steps/s" and loop.speed(0.999) == "  1.00 s/step"
