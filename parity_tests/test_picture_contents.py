@@ -63,6 +63,20 @@ def test_attention_shows_each_heads_weights_on_one_fixed_scale(drawn):
     assert width >= 2 * 2 and height >= 2 * 2  # at least 2 inches a head and a panel
 
 
+@pytest.mark.parametrize("n, every", [(16, 1), (17, 2), (40, 3)])
+def test_attention_over_a_long_prompt_labels_every_kth_position_with_its_number(drawn, n, every):
+    """Up to plots.MOST_LABELS tokens every one is labelled; past it, every k-th, k the
+    fewest that fit, each after its position (so a reader can count to the others)."""
+    tokens = [chr(ord("a") + i % 26) for i in range(n)]
+    weights = np.tril(np.ones((1, n, n))) / np.arange(1, n + 1)[:, None]
+    figure = drawn(plots.plot_attention, [("layer 0", weights, tokens, tokens)])
+    (ax,) = figure.axes
+    shown = range(0, n, every)
+    expected = tokens if every == 1 else [f"{i} {tokens[i]}" for i in shown]
+    assert labels(ax.get_xticklabels()) == expected == labels(ax.get_yticklabels())
+    assert list(ax.get_xticks()) == list(shown) == list(ax.get_yticks())
+
+
 def test_the_loss_curve_on_a_log_scale_with_held_out_loss_and_exact_match(drawn):
     history = {
         "step": [1, 2, 3, 4],
