@@ -165,12 +165,13 @@ class CharCorpus(Corpus):
 
     decodes_by_prefix = True  # one character an id
 
-    def __init__(self, text: str, vocabulary: str | None = None) -> None:
+    def __init__(self, text: str, vocabulary: str | None = None, what: str = "text") -> None:
+        """what: what to call the text in an error ("--text", "the built-in text")."""
         if len(text) < 2 and vocabulary is None:
-            raise InputError(f"text must have at least 2 characters, got {len(text)}")
+            raise InputError(f"{what} must have at least 2 characters, got {len(text)}")
         self.chars = sorted(set(text if vocabulary is None else vocabulary))
         self.index = {ch: i for i, ch in enumerate(self.chars)}
-        self.ids = self.encode(text)  # (len(text),)
+        self.ids = self.encode(text, what)  # (len(text),)
 
     @property
     def vocab_size(self) -> int:
@@ -273,13 +274,14 @@ class TextSoFar:
         return new
 
 
-def corpus_from_meta(meta: dict, text: str = "") -> Corpus:
+def corpus_from_meta(meta: dict, text: str = "", what: str = "text") -> Corpus:
     """text as ids under the tokenizer a checkpoint's meta keeps: a Hugging Face tokenizer
-    ("tokenizer") or a character vocabulary ("vocabulary")."""
+    ("tokenizer") or a character vocabulary ("vocabulary"). what: what to call the text in
+    an error (a tokenizer reads any text)."""
     if "tokenizer" in meta:
         return TokenizerCorpus(meta["tokenizer"], text)
     if "vocabulary" in meta:
-        return CharCorpus(text, vocabulary=meta["vocabulary"])
+        return CharCorpus(text, vocabulary=meta["vocabulary"], what=what)
     raise InputError(
         "the checkpoint keeps no tokenizer or vocabulary, so it cannot read text: import-hf "
         "keeps the tokenizer.json it finds in the directory (put it there, then import again)"

@@ -206,6 +206,23 @@ def test_lm_without_init_trains_a_small_gpt2_on_the_texts_characters(tmp_path, c
     assert (settings["lr"], settings["batch_size"], settings["context"]) == (1e-4, 4, 64)
 
 
+def test_a_text_outside_an_inits_vocabulary_is_named_as_the_user_gave_it(tmp_path, capsys):
+    """The built-in line, when no --text is given, or --text: not "text", which the user of
+    `train lm --init RUN` without --text never gave."""
+    text, run = tmp_path / "abc.txt", tmp_path / "run"
+    text.write_text("abcabc " * 40)
+    assert engine_main(["train", "lm", "--text", str(text), "--steps", "1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert engine_main(["train", "lm", "--init", str(run), "--steps", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "numpy-engine train: error: the built-in text has characters outside the vocabulary: "
+        "['e', 'h', 'i', 'n', 'o', 'q', 'r', 's', 't', 'u'] (the model's 4 characters are ' abc')\n"
+    )
+    text.write_text("a cab, abc")
+    assert engine_main(["train", "lm", "--init", str(run), "--text", str(text)]) == 2
+    assert "error: --text has characters outside the vocabulary: [',']" in capsys.readouterr().err
+
+
 def test_lm_without_init_learns_the_built_in_line_at_its_defaults(capsys):
     """A new model at lm's fine-tuning defaults (lr 1e-4, batch 4) learned next to nothing:
     in 100 steps its loss went from 2.59 to 2.20, its sample "to t t t t ..."."""
