@@ -160,14 +160,14 @@ def train_char_lm(
     its tokenizer: fine-tuning), or on from state (resume; codec: the meta that holds its
     tokenizer or vocabulary)."""
     check_run_config(cfg)
-    what = "the built-in text" if text is None else "--text"  # as an error calls it
+    text_name = "the built-in text" if text is None else "--text"  # as an error calls it
     text = DEFAULT_TEXT if text is None else text
     model = None if state is None else state.model
     if state is None and cfg.init is not None:
         start = load_checkpoint(cfg.init, optimizer=False)  # its weights: a new run's own moments
         _continuing_text(type(start.model))
         model, codec = start.model, start.meta
-    corpus = corpus_from_meta(codec, text, what) if codec else CharCorpus(text, what=what)
+    corpus = corpus_from_meta(codec, text, text_name) if codec else CharCorpus(text, what=text_name)
     model = model or _new_language_model(cfg, corpus.vocab_size)
     if cfg.context > model.config.max_len:
         raise InputError(f"context={cfg.context} is longer than the model's {model.config.max_len}")

@@ -206,7 +206,7 @@ def test_lm_without_init_trains_a_small_gpt2_on_the_texts_characters(tmp_path, c
     assert (settings["lr"], settings["batch_size"], settings["context"]) == (1e-4, 4, 64)
 
 
-def test_a_text_outside_an_inits_vocabulary_is_named_as_the_user_gave_it(tmp_path, capsys):
+def test_a_text_refused_is_named_as_the_user_gave_it(tmp_path, capsys):
     """The built-in line, when no --text is given, or --text: not "text", which the user of
     `train lm --init RUN` without --text never gave."""
     text, run = tmp_path / "abc.txt", tmp_path / "run"
@@ -221,6 +221,9 @@ def test_a_text_outside_an_inits_vocabulary_is_named_as_the_user_gave_it(tmp_pat
     text.write_text("a cab, abc")
     assert engine_main(["train", "lm", "--init", str(run), "--text", str(text)]) == 2
     assert "error: --text has characters outside the vocabulary: [',']" in capsys.readouterr().err
+    text.write_text("a")  # a new model's vocabulary is its text's: one character is too few
+    assert engine_main(["train", "lm", "--text", str(text)]) == 2
+    assert capsys.readouterr().err.endswith(": --text must have at least 2 characters, got 1\n")
 
 
 def test_lm_without_init_learns_the_built_in_line_at_its_defaults(capsys):
