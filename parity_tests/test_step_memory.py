@@ -192,31 +192,39 @@ def test_a_run_is_refused_exactly_when_its_steps_bytes_exceed_what_is_available(
         check_step_fits("a char-lm run", model, run_config, 32, None)
 
 
-def test_a_new_language_models_run_is_checked_with_its_optimizers_moments(monkeypatch):
-    """train_char_lm checks a run before its first step, counting a new run's moments (no
-    state yet): refused with one byte less than that count, run with it."""
+def new_char_lm_run():
+    """(run config, the model train_char_lm makes for it, its length, its trainer)."""
     run_config = CharTrainConfig(steps=1, batch_size=8)
     vocab_size = len(set(train.DEFAULT_TEXT))  # a new model's vocabulary: the text's
     model = train._new_language_model(run_config, vocab_size)
-    needed = step_bytes(model, run_config, run_config.context, None)
-    monkeypatch.setattr(memory, "available_bytes", lambda: needed - 1)
-    with pytest.raises(ValueError, match=r"^batch_size=8 with context=32 \(256 tokens a step\)"):
-        train.train_char_lm(run_config, progress_stream=None)
-    monkeypatch.setattr(memory, "available_bytes", lambda: needed)
-    assert train.train_char_lm(run_config, progress_stream=None).result["steps"] == 1
+    return run_config, model, run_config.context, train.train_char_lm
 
 
-def test_a_new_sequence_run_is_checked_with_its_optimizers_moments(monkeypatch):
-    """The same for the copy task: its moments counted in a new run's check."""
+def new_copy_run():
+    """The same for train_sequence_task."""
     run_config = SequenceTrainConfig(steps=1, batch_size=8)
-    model = Seq2SeqTransformer(Seq2SeqConfig(), seed=run_config.seed)  # the run's model
+    model = Seq2SeqTransformer(Seq2SeqConfig(), seed=run_config.seed)
     length = sequence_task("copy", seed=run_config.seed).train.source.shape[1]
+    return run_config, model, length, train.train_sequence_task
+
+
+@pytest.mark.parametrize(
+    "new_run, said",
+    [
+        (new_char_lm_run, r"^batch_size=8 with context=32 \(256 tokens a step\) would need"),
+        (new_copy_run, r"^batch_size=8 \(24 tokens a step\) would need"),
+    ],
+)
+def test_a_new_run_is_checked_with_its_optimizers_moments(monkeypatch, new_run, said):
+    """A task checks a run before its first step, counting a new run's moments (it has no
+    state yet): refused with one byte less than that count, run with it."""
+    run_config, model, length, trainer = new_run()
     needed = step_bytes(model, run_config, length, None)
     monkeypatch.setattr(memory, "available_bytes", lambda: needed - 1)
-    with pytest.raises(ValueError, match=r"^batch_size=8 \(24 tokens a step\) would need"):
-        train.train_sequence_task(run_config, progress_stream=None)
+    with pytest.raises(ValueError, match=said):
+        trainer(run_config, progress_stream=None)
     monkeypatch.setattr(memory, "available_bytes", lambda: needed)
-    assert train.train_sequence_task(run_config, progress_stream=None).result["steps"] == 1
+    assert trainer(run_config, progress_stream=None).result["steps"] == 1
 
 
 class TwoRanksOnOneMachine(OneProcess):
