@@ -107,10 +107,11 @@ def duration(seconds: float) -> str:
     """' 42.0 s', '12 min 05 s' or '3 h 07 min'."""
     if seconds < 60:
         return f"{seconds:5.1f} s"
-    if round(seconds) < 3600:
-        return f"{round(seconds) // 60:2d} min {round(seconds) % 60:02d} s"
-    minutes = round(seconds / 60)
-    return f"{minutes // 60} h {minutes % 60:02d} min"
+    minutes, whole_seconds = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes:2d} min {whole_seconds:02d} s"
+    hours, minutes = divmod(round(seconds / 60), 60)  # to the nearest minute
+    return f"{hours} h {minutes:02d} min"
 
 
 def check_run_config(cfg) -> None:
