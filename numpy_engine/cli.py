@@ -27,6 +27,7 @@ from numpy_engine.cli_args import (
     add_checkpoint_argument,
     add_source_or_prompt,
     fraction,
+    name_in,
     non_negative_float,
     non_negative_int,
     parse_command,
@@ -41,6 +42,7 @@ from numpy_engine.cli_args import (
 from numpy_engine.cli_hf import add_hf_commands
 from numpy_engine.cli_study import add_study_commands
 from numpy_engine.configs import NEW_MODEL_RUNS, REFERENCE_RUNS, reference_run
+from numpy_engine.schedule import SCHEDULES
 
 TORCH_COMMANDS = {
     "parity": "compare every gradient with the PyTorch reference on one padded batch",
@@ -67,6 +69,21 @@ RUN_FLAGS = {
         "char-lm, lm: hold out this fraction of the text's tokens, at its end (e.g. 0.1): "
         "never trained on, their mean loss shown every --eval-every steps and in the result",
         "default: none, every token is trained on",
+    ),
+    "schedule": (
+        name_in(SCHEDULES),
+        "the lr over the run, after --warmup: constant, or falling from --lr towards --min-lr "
+        "in a line or a half cosine (as transformers' get_{linear,cosine}_schedule_with_warmup)",
+    ),
+    "warmup": (
+        non_negative_int,
+        "the first N updates' lr rises from 0 towards --lr: update k (from 0) takes lr k/N",
+    ),
+    "min_lr": (
+        non_negative_float,
+        "with --schedule linear or cosine: the lr they fall towards (reached one update past "
+        "the last)",
+        "default: 0",
     ),
     "init": (
         str,
@@ -135,8 +152,9 @@ def add_train_command(commands) -> None:
         "--resume",
         metavar="DIR",
         help="continue the run whose checkpoint is in DIR (no TASK), bit for bit as if it had "
-        "not stopped; with --steps N, train it on to step N. Its other settings are the "
-        "checkpoint's: a flag that differs from them is refused",
+        "not stopped; with --steps N, train it on to step N (unless its lr decays over its "
+        "steps: --schedule linear or cosine). Its other settings are the checkpoint's: a flag "
+        "that differs from them is refused",
     )
     train.add_argument(
         "--plot",

@@ -108,6 +108,17 @@ def new_file_path(text: str) -> str:
     return text
 
 
+def name_in(names: tuple[str, ...]):
+    """An argparse type: one of names, else a message listing them."""
+
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(names)}, got {text!r}")
+        return text
+
+    return parse
+
+
 def int_in(low: int, high: int):
     """An argparse type: an integer from low to high, else a message naming the range."""
 

@@ -17,6 +17,9 @@ class SequenceTrainConfig:
     batch_size: int = 32
     clip: float = 1.0
     eval_every: int = 100
+    schedule: str = "constant"  # the lr's course: constant, linear or cosine (schedule.py)
+    warmup: int = 0  # the first updates, whose lr rises from 0 towards lr
+    min_lr: float = 0.0  # where linear and cosine decay towards
 
     optimizer_class = Adam  # not a field: what optimizer() makes (loop.check_step_fits reads it)
 
@@ -39,6 +42,9 @@ class CharTrainConfig:
     init: str | None = None  # a checkpoint to start from (its weights and tokenizer)
     holdout: float = 0.0  # the text's last fraction of tokens, evaluated on, never trained on
     eval_every: int = 100  # with a holdout: its loss every N steps (and at the last)
+    schedule: str = "constant"  # the lr's course: constant, linear or cosine (schedule.py)
+    warmup: int = 0  # the first updates, whose lr rises from 0 towards lr
+    min_lr: float = 0.0  # where linear and cosine decay towards
 
     optimizer_class = AdamW  # not a field: what optimizer() makes
 

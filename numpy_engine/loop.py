@@ -20,6 +20,7 @@ from numpy_engine.models import Model
 from numpy_engine.optim import NonFiniteGradients, Optimizer
 from numpy_engine.parallel import OneProcess
 from numpy_engine.params import unflatten
+from numpy_engine.schedule import check_schedule, is_scheduled, scheduled_lr
 from numpy_engine.stopping import StopRequests, TrainingInterrupted
 
 
@@ -82,7 +83,8 @@ class Progress:
         self.every = max(total_steps // 10, 1)
         self.start = self.last_line = time.perf_counter()
 
-    def update(self, step: int, loss: float, extra: str = "") -> None:
+    def update(self, step: int, loss: float, extra: str = "", lr: float | None = None) -> None:
+        """A line for step (done) if one is due; extra: an evaluation; lr: the step's, shown."""
         if self.stream is None:
             return
         now = time.perf_counter()
@@ -92,7 +94,9 @@ class Progress:
         self.last_line, elapsed = now, now - self.start
         rate = (step - self.first) / elapsed if elapsed > 0 else float("inf")
         left = (self.total - step) / rate
-        line = f"step {step:>5}/{self.total}  loss {loss:.4f}  {speed(rate)}  {duration(left)} left"
+        shown_lr = "" if lr is None else f"  lr {lr:.2e}"
+        line = f"step {step:>5}/{self.total}  loss {loss:.4f}{shown_lr}  {speed(rate)}"
+        line += f"  {duration(left)} left"
         print(line + extra, file=self.stream, flush=True)
 
 
@@ -132,6 +136,7 @@ def check_run_config(cfg) -> None:
     holdout = getattr(cfg, "holdout", 0.0)  # a language model's run only
     if not 0 <= holdout < 1:  # False for NaN too
         raise InputError(f"holdout must be a fraction in [0, 1), got {holdout}")
+    check_schedule(cfg)
 
 
 def check_loss(step: int, loss: float) -> None:
@@ -237,9 +242,11 @@ def run_loop(
     history, first_step, last_saved = state.history, state.step, None
     progress, start = Progress(cfg.steps, progress_stream, first_step), time.perf_counter()
     one_process = parallel is None or parallel.group.size == 1
+    scheduled = is_scheduled(cfg)  # then each progress line shows the step's lr
     with StopRequests(enabled=one_process) as stop:
         while state.step < cfg.steps:
             step = state.step + 1
+            lr = state.optimizer.lr = scheduled_lr(cfg, state.step)  # updates count from 0
             try:
                 batch = next_batch(state.sampler)
                 loss, grad_norm = _train_step(state, step, batch, cfg.clip, parallel)
@@ -254,7 +261,7 @@ def run_loop(
             history["train_loss"].append(loss)
             history["grad_norm"].append(grad_norm)
             due = evaluate and (step % cfg.eval_every == 0 or step == cfg.steps)
-            progress.update(step, loss, evaluate(state) if due else "")
+            progress.update(step, loss, evaluate(state) if due else "", lr if scheduled else None)
             if checkpointing and checkpointing.every and step % checkpointing.every == 0:
                 last_saved = _save(state, checkpointing, meta)
             if stop.signum is not None and step < cfg.steps:  # at the last step: finish

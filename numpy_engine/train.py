@@ -296,7 +296,8 @@ def resume(
 ) -> TrainRun:
     """Continue the run whose checkpoint is in out_dir, to its configured number of steps, or
     to `steps` (more than it has done): the same parameters, bit for bit, as a run asked for
-    that many steps from the start (the learning rate has no schedule that steps would set).
+    that many steps from the start. A run whose lr decays (a linear or cosine schedule)
+    decays over its steps: it takes no other number of them.
     checkpoint: out_dir's, when the caller has loaded it already (else it is loaded here);
     its optimizer_state is emptied as it is read into the optimizer, each array going once
     copied: kept, it would hold a second copy of the moments for the whole run (1 GB on
@@ -313,6 +314,12 @@ def resume(
             f"(its meta lacks {sorted(missing)}){hint}"
         )
     cfg = _train_config(out_dir, meta)
+    if steps and steps != cfg.steps and cfg.schedule != "constant":
+        raise InputError(
+            f"--steps {steps}: the run in {out_dir} decays its lr over its {cfg.steps} steps "
+            f"({cfg.schedule} schedule); over {steps} its steps so far would have had another "
+            "lr. Resume it without --steps; a constant schedule's run can take more steps"
+        )
     cfg = replace(cfg, steps=steps or cfg.steps)
     if meta["step"] >= cfg.steps:
         raise InputError(

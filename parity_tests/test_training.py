@@ -160,7 +160,7 @@ LEAST = dict(steps=1, batch_size=1, eval_every=1, context=1, seed=0)
 def test_a_training_configs_counts_are_taken_down_to_their_least_and_no_lower(name):
     """Each count at its least is a valid run; one less, a float or a bool is refused by
     name. (A config from Python: the flags are checked as they are parsed.)"""
-    least = SimpleNamespace(**LEAST, lr=1e-3, clip=1.0)
+    least = SimpleNamespace(**LEAST, lr=1e-3, clip=1.0, schedule="constant", warmup=0, min_lr=0)
     loop.check_run_config(least)  # nothing to refuse
     kind = "a positive" if LEAST[name] else "a non-negative"
     for bad in (LEAST[name] - 1, float(LEAST[name]), bool(LEAST[name])):
