@@ -27,7 +27,7 @@ SCHEDULES = ("constant", "linear", "cosine")
 def lr_factor(k: int, schedule: str, warmup: int, steps: int, min_ratio: float = 0.0) -> float:
     """What the lr of update k (from 0) is multiplied by; see the module's docstring."""
     if k < warmup:
-        return float(k) / float(max(1, warmup))
+        return float(k) / float(warmup)  # warmup > k >= 0: transformers' max(1, warmup)
     if schedule == "constant":
         return 1.0
     after_warmup = float(max(1, steps - warmup))

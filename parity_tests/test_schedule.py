@@ -3,6 +3,8 @@ training and resuming, and against torch.optim.AdamW stepping under transformers
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -22,7 +24,7 @@ from numpy_engine.configs import CharTrainConfig, SequenceTrainConfig
 from numpy_engine.loop import check_run_config
 from numpy_engine.optim import AdamW, Optimizer
 from numpy_engine.params import flatten, unflatten
-from numpy_engine.schedule import SCHEDULES, scheduled_lr
+from numpy_engine.schedule import SCHEDULES, lr_factor, scheduled_lr
 from numpy_engine.train import Checkpointing, resume, run_task
 from parity_tests.strategies import seeds
 
@@ -61,7 +63,11 @@ def schedules(draw, with_min_lr: bool = True) -> CharTrainConfig:
 def test_each_update_takes_transformers_lr_to_the_last_bit(cfg):
     check_run_config(cfg)
     ours = [scheduled_lr(cfg, k) for k in range(cfg.steps)]
-    assert ours == transformers_lrs(cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr)
+    theirs = transformers_lrs(cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr)
+    assert ours == theirs
+    if cfg.min_lr == 0:  # lr_factor's own default: no floor
+        factors = [lr_factor(k, cfg.schedule, cfg.warmup, cfg.steps) for k in range(cfg.steps)]
+        assert [cfg.lr * factor for factor in factors] == theirs
 
 
 @given(steps=st.integers(2, 60), share=st.floats(0.01, 0.99), data=st.data())
@@ -129,6 +135,19 @@ def test_progress_lines_show_the_scheduled_lr(capsys):
     assert lines[4].startswith("step     5/10  loss ") and "  lr 3.00e-03  " in lines[4]
 
 
+@pytest.mark.parametrize("warmup", [1, 3])
+def test_each_progress_line_shows_its_steps_loss_and_lr(warmup):
+    """A warmup alone is a schedule too: its lines show the lr."""
+    cfg = SequenceTrainConfig(steps=10, eval_every=10, warmup=warmup)
+    stream = io.StringIO()
+    run = run_task(cfg, None, stream)
+    lrs = transformers_lrs("constant", cfg.lr, warmup, cfg.steps, 0.0)
+    for line in stream.getvalue().splitlines():
+        step = int(line.split()[1].split("/")[0])
+        loss, lr = run.history["train_loss"][step - 1], lrs[step - 1]
+        assert line.startswith(f"step {step:>5}/10  loss {loss:.4f}  lr {lr:.2e}  "), line
+
+
 def test_a_resumed_run_goes_on_along_its_schedule_bit_for_bit(tmp_path):
     cfg = SequenceTrainConfig(steps=12, eval_every=6, schedule="cosine", warmup=3, min_lr=1e-4)
     with threadpool_limits(1):  # the same bits in both runs
@@ -144,9 +163,10 @@ def test_a_resumed_run_goes_on_along_its_schedule_bit_for_bit(tmp_path):
 def test_only_a_constant_schedules_run_takes_more_steps(tmp_path):
     decaying, constant = tmp_path / "decaying", tmp_path / "constant"
     cfg = SequenceTrainConfig(steps=6, eval_every=6, schedule="linear")
-    run_task(cfg, None, None, Checkpointing(decaying, 3))
+    run_task(cfg, None, None, Checkpointing(decaying, 4))  # saved at step 4
     with pytest.raises(InputError, match=r"^--steps 9: the run in .* decays its lr over its 6 "):
         resume(decaying, None, steps=9)
+    assert resume(decaying, None, steps=6).history["step"][-1] == 6  # its own steps: taken
     warm = SequenceTrainConfig(steps=6, eval_every=6, warmup=4)
     with threadpool_limits(1):
         run_task(warm, None, None, Checkpointing(constant, 3))
