@@ -316,9 +316,10 @@ def resume(
     cfg = _train_config(out_dir, meta)
     if steps and steps != cfg.steps and cfg.schedule != "constant":
         raise InputError(
-            f"--steps {steps}: the run in {out_dir} decays its lr over its {cfg.steps} steps "
-            f"({cfg.schedule} schedule); over {steps} its steps so far would have had another "
-            "lr. Resume it without --steps; a constant schedule's run can take more steps"
+            f"--steps {steps}: the run in {out_dir} lowers its lr over its {cfg.steps} steps "
+            f"(--schedule {cfg.schedule}); over {steps} steps its lr would have been another "
+            "from the start. Resume it without --steps (a run with --schedule constant can "
+            "be given more)"
         )
     cfg = replace(cfg, steps=steps or cfg.steps)
     if meta["step"] >= cfg.steps:

@@ -164,7 +164,8 @@ def test_only_a_constant_schedules_run_takes_more_steps(tmp_path):
     decaying, constant = tmp_path / "decaying", tmp_path / "constant"
     cfg = SequenceTrainConfig(steps=6, eval_every=6, schedule="linear")
     run_task(cfg, None, None, Checkpointing(decaying, 4))  # saved at step 4
-    with pytest.raises(InputError, match=r"^--steps 9: the run in .* decays its lr over its 6 "):
+    lowers = r"^--steps 9: the run in .* lowers its lr over its 6 steps \(--schedule linear\)"
+    with pytest.raises(InputError, match=lowers):
         resume(decaying, None, steps=9)
     assert resume(decaying, None, steps=6).history["step"][-1] == 6  # its own steps: taken
     warm = SequenceTrainConfig(steps=6, eval_every=6, warmup=4)
