@@ -1,4 +1,5 @@
-"""The commands for looking inside: `attention`, `plot`, `grads` (registered by cli.py)."""
+"""The commands for looking inside and measuring: `attention`, `plot`, `grads`, `eval`
+(registered by cli.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from numpy_engine.cli_args import (
     int_in,
     non_negative_int,
     picture_path,
+    positive_int,
     source_ids,
 )
 from numpy_engine.models import KINDS
@@ -87,6 +89,36 @@ def add_study_commands(commands) -> None:
         "--plot", type=picture_path, metavar="PNG", help="also draw the gradient norms as bars"
     )
     grads.set_defaults(run=run_grads)
+    add_eval_command(commands)
+
+
+EVAL_BATCH_TOKENS = 4096  # eval's default batch: as many windows as hold this many tokens
+
+
+def add_eval_command(commands) -> None:
+    evaluate = commands.add_parser(
+        "eval",
+        help="a language model's mean loss and perplexity on a text",
+        description="Read --text with the checkpoint's tokenizer, cut it into windows of "
+        "--context tokens in which every token but the first is predicted once, from the "
+        "tokens before it in its window, and print (JSON) the mean next-token loss over them "
+        "and its perplexity, exp(loss). A text held out of training measures what the model "
+        "learned; the text it trained on, what it memorized.",
+    )
+    add_checkpoint_argument(evaluate)
+    evaluate.add_argument("--text", metavar="FILE", required=True, help="a UTF-8 text file")
+    evaluate.add_argument(
+        "--context",
+        type=positive_int,
+        help="tokens a window holds, up to the model's positions (default: all of them)",
+    )
+    evaluate.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help=f"windows a forward pass takes (default: as many as hold {EVAL_BATCH_TOKENS:,} "
+        "tokens)",
+    )
+    evaluate.set_defaults(run=run_eval)
 
 
 def run_attention(args: argparse.Namespace) -> int:
@@ -174,4 +206,35 @@ def run_grads(args: argparse.Namespace) -> int:
         norms = {r["name"]: r["grad_norm"] for r in rows}
         title = f"{args.model}: gradient norm per parameter, one batch, seed {args.seed}"
         print(f"wrote {plot_grad_norms(norms, args.plot, title)}")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import math
+
+    from numpy_engine.checkpoint import load_checkpoint
+    from numpy_engine.tasks import corpus_from_meta, every_target_once, read_text
+    from numpy_engine.train import heldout_loss
+
+    text = read_text(args.text)
+    checkpoint = load_checkpoint(args.checkpoint, optimizer=False)
+    model = checkpoint.model
+    if not model.continues_prompt:
+        raise InputError(
+            f"{args.checkpoint} holds a {model.kind} model, which reads a source: eval "
+            "measures a language model on a text"
+        )
+    ids = corpus_from_meta(checkpoint.meta, text, "--text").ids
+    if len(ids) < 2:
+        raise InputError(f"--text is {len(ids)} token long: eval needs 2 or more (one to predict)")
+    positions = model.config.max_len
+    context = args.context or positions
+    if context > positions:
+        raise InputError(f"--context {context}: this model has {positions} positions")
+    windows = every_target_once(ids, context, model.ignore_index())
+    batch_size = args.batch_size or max(1, EVAL_BATCH_TOKENS // context)
+    loss = heldout_loss(model, windows, batch_size)
+    result = {"checkpoint": str(args.checkpoint), "text": args.text, "tokens": len(ids)}
+    result |= {"targets": len(ids) - 1, "context": context, "loss": loss}
+    print(json.dumps(result | {"perplexity": math.exp(loss)}, indent=2))
     return 0

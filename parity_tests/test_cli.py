@@ -42,7 +42,7 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 HELP_WORDS = {
-    (): ["train", "generate", "parity", "export", "import", "bench", "attention", "grads"],
+    (): ["train", "generate", "parity", "export", "import", "bench", "attention", "grads", "eval"],
     ("train",): [
         "--steps",
         "--seed",
@@ -65,10 +65,11 @@ HELP_WORDS = {
     ],
     ("generate",): ["--checkpoint", "--source", "--prompt", "--temperature", "--top-k", "--top-p"],
     ("parity",): ["--model", "--dtype", "--seed"],
+    ("eval",): ["--checkpoint", "--text", "--context", "--batch-size", "perplexity, exp(loss)"],
 }
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["generate"], ["parity"]])
+@pytest.mark.parametrize("command", [[], ["train"], ["generate"], ["parity"], ["eval"]])
 def test_help_explains_every_command_and_flag(command):
     result = run_cli(*command, "--help")  # parity's help comes from crosscheck's process
     assert result.returncode == 0, result.stderr

@@ -41,7 +41,11 @@ def bpe_tokenizer(text: str) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("hf")
+    return save_random_gpt2(tmp_path_factory.mktemp("hf"))
+
+
+def save_random_gpt2(directory: Path) -> Path:
+    """A random 2-layer transformers GPT-2 and its BPE tokenizer, written into directory."""
     tokenizer = bpe_tokenizer(DEFAULT_TEXT)
     eot = tokenizer.token_to_id(EOT)
     config = GPT2Config(

@@ -1,0 +1,127 @@
+"""`numpy-engine eval`: a language model's loss on a text, against transformers' loss on the
+same windows (float64), and against the held-out loss training reports; bad input refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import GPT2LMHeadModel
+
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
+from numpy_engine.tasks import DEFAULT_TEXT
+from parity_tests.test_hf_interchange import cli, save_random_gpt2
+
+TEXT = DEFAULT_TEXT + " whether tis nobler in the mind to suffer"
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    return save_random_gpt2(tmp_path_factory.mktemp("hf"))
+
+
+def float64_copy(run, out) -> None:
+    """The checkpoint in run, its weights in float64, written to out (meta kept)."""
+    checkpoint = load_checkpoint(run, optimizer=False)
+    model = checkpoint.model
+    wide = type(model)(dataclasses.replace(model.config, dtype="float64"), seed=0)
+    wide.load_params({key: value.astype(np.float64) for key, value in model.params.items()})
+    save_checkpoint(out, wide, None, checkpoint.meta)
+
+
+def transformers_mean_loss(directory, text: str, context: int) -> float:
+    """transformers' GPT-2 in float64 on the text's tokens, window after window of context
+    inputs, each predicting the tokens one on (the last window shorter): every token but
+    the first predicted once. The sum of their losses over the count of them."""
+    ids = Tokenizer.from_file(str(directory / "tokenizer.json")).encode(text).ids
+    model = GPT2LMHeadModel.from_pretrained(directory, attn_implementation="eager").double()
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, context):
+            inputs = torch.tensor([ids[start : start + context]])
+            targets = torch.tensor(ids[start + 1 : start + context + 1])
+            logits = model.eval()(inputs).logits[0, : len(targets)]
+            total += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+    return total / (len(ids) - 1)
+
+
+@pytest.mark.parametrize(("context", "batch_size"), [(12, 3), (32, None)])
+def test_eval_is_transformers_loss_over_the_same_windows(
+    tmp_path, capsys, gpt2_dir, context, batch_size
+):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    assert cli(capsys, "import-hf", str(gpt2_dir), "--out", str(tmp_path / "run"))[0] == 0
+    float64_copy(tmp_path / "run", tmp_path / "wide")
+    args = ["eval", "--checkpoint", str(tmp_path / "wide"), "--text", str(text)]
+    args += ["--context", str(context)] + (["--batch-size", str(batch_size)] if batch_size else [])
+    status, out, _ = cli(capsys, *args)
+    assert status == 0
+    result = json.loads(out)
+    theirs = transformers_mean_loss(gpt2_dir, TEXT, context)
+    assert abs(result["loss"] - theirs) <= 1e-12 * theirs, (result["loss"], theirs)
+    assert result["perplexity"] == math.exp(result["loss"])
+    n = len(Tokenizer.from_file(str(gpt2_dir / "tokenizer.json")).encode(TEXT).ids)
+    assert (result["tokens"], result["targets"], result["context"]) == (n, n - 1, context)
+
+
+def test_eval_of_the_held_out_text_is_the_loss_training_reported(tmp_path, capsys):
+    """A char-lm run's held-out part, read back by eval at the run's context and batch: the
+    same windows, in the same batches, so the same number."""
+    run = tmp_path / "run"
+    args = ["train", "char-lm", "--steps", "30", "--holdout", "0.5", "--out", str(run)]
+    assert cli(capsys, *args, "--quiet")[0] == 0
+    reported = json.loads((run / "result.json").read_text())["heldout_loss"]
+    held_out = tmp_path / "heldout.txt"
+    held_out.write_text(DEFAULT_TEXT[-round(len(DEFAULT_TEXT) * 0.5) :])  # a character a token
+    args = ["eval", "--checkpoint", str(run), "--text", str(held_out), "--context", "32"]
+    status, out, _ = cli(capsys, *args, "--batch-size", "32")
+    assert status == 0 and json.loads(out)["loss"] == reported
+    status, out, _ = cli(capsys, "eval", "--checkpoint", str(run), "--text", str(held_out))
+    default = json.loads(out)  # the model's 32 positions, 128 windows a batch: 1 batch
+    assert status == 0 and default["context"] == 32
+    assert abs(default["loss"] - reported) <= 1e-6 * reported
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("char")
+    from numpy_engine.cli import main
+
+    assert main(["train", "char-lm", "--steps", "2", "--out", str(run), "--quiet"]) == 0
+    return run
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "words"),
+    [
+        ("t", [], "--text is 1 token long: eval needs 2 or more (one to predict)"),
+        ("to be", ["--context", "33"], "--context 33: this model has 32 positions"),
+        ("to bez", [], "--text has characters outside the vocabulary: ['z']"),
+    ],
+)
+def test_eval_refuses_what_it_cannot_measure_in_one_line(
+    tmp_path, capsys, char_run, text, extra, words
+):
+    path = tmp_path / "text.txt"
+    path.write_text(text)
+    status, out, err = cli(
+        capsys, "eval", "--checkpoint", str(char_run), "--text", str(path), *extra
+    )
+    assert (status, out) == (2, "")
+    assert err.startswith("numpy-engine eval: error: ") and words in err and err.count("\n") == 1
+
+
+def test_eval_refuses_a_model_that_reads_a_source(tmp_path, capsys):
+    run = tmp_path / "copy"
+    assert cli(capsys, "train", "copy", "--steps", "1", "--out", str(run), "--quiet")[0] == 0
+    (tmp_path / "t.txt").write_text("to be")
+    status, _, err = cli(
+        capsys, "eval", "--checkpoint", str(run), "--text", str(tmp_path / "t.txt")
+    )
+    assert status == 2 and "holds a seq2seq model, which reads a source" in err
