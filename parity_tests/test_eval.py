@@ -61,8 +61,9 @@ def test_eval_is_transformers_loss_over_the_same_windows(
     args = ["eval", "--checkpoint", str(tmp_path / "wide"), "--text", str(text)]
     args += ["--context", str(context)] + (["--batch-size", str(batch_size)] if batch_size else [])
     status, out, _ = cli(capsys, *args)
-    assert status == 0
+    assert status == 0 and out.startswith('{\n  "checkpoint": ')  # JSON, indented by 2
     result = json.loads(out)
+    assert (result["checkpoint"], result["text"]) == (str(tmp_path / "wide"), str(text))
     theirs = transformers_mean_loss(gpt2_dir, TEXT, context)
     assert abs(result["loss"] - theirs) <= 1e-12 * theirs, (result["loss"], theirs)
     assert result["perplexity"] == math.exp(result["loss"])
@@ -125,3 +126,40 @@ def test_eval_refuses_a_model_that_reads_a_source(tmp_path, capsys):
         capsys, "eval", "--checkpoint", str(run), "--text", str(tmp_path / "t.txt")
     )
     assert status == 2 and "holds a seq2seq model, which reads a source" in err
+
+
+def test_a_text_of_two_tokens_is_measured_and_one_token_of_several_characters_refused(
+    tmp_path, capsys, gpt2_dir
+):
+    assert cli(capsys, "import-hf", str(gpt2_dir), "--out", str(tmp_path / "run"))[0] == 0
+    tokenizer = Tokenizer.from_file(str(gpt2_dir / "tokenizer.json"))
+    merges = (token for token in tokenizer.get_vocab() if token != "<|endoftext|>")
+    word = max(merges, key=len)  # the longest merge: one token, many bytes
+    one = tmp_path / "one.txt"
+    one.write_text(tokenizer.decode([tokenizer.token_to_id(word)]))
+    assert len(one.read_text()) > 2 and len(tokenizer.encode(one.read_text()).ids) == 1
+    status, _, err = cli(capsys, "eval", "--checkpoint", str(tmp_path / "run"), "--text", str(one))
+    assert status == 2 and "--text is 1 token long" in err
+    two = tmp_path / "two.txt"
+    two.write_text(one.read_text() + "!")
+    assert len(tokenizer.encode(two.read_text()).ids) == 2
+    status, out, _ = cli(capsys, "eval", "--checkpoint", str(tmp_path / "run"), "--text", str(two))
+    assert status == 0 and json.loads(out)["targets"] == 1
+
+
+@pytest.mark.parametrize(
+    ("tokens", "extra", "batch_size"),
+    [(4096, [], 128), (4096, ["--context", "12"], 341), (16, [], 1)],  # 16: fewer than a window
+)
+def test_evals_default_batch_holds_4096_tokens(
+    monkeypatch, capsys, char_run, tokens, extra, batch_size
+):
+    from numpy_engine import cli_study, train
+
+    monkeypatch.setattr(cli_study, "EVAL_BATCH_TOKENS", tokens)
+
+    taken, measure = [], train.heldout_loss
+    monkeypatch.setattr(train, "heldout_loss", lambda *a: taken.append(a[2]) or measure(*a))
+    args = ["eval", "--checkpoint", str(char_run), "--text", str(char_run / "text.txt")]
+    (char_run / "text.txt").write_text(DEFAULT_TEXT)
+    assert cli(capsys, *args, *extra)[0] == 0 and taken == [batch_size]
