@@ -237,11 +237,13 @@ def _heldout_evaluation(heldout: tuple | None, batch_size: int, parallel: DataPa
     return evaluate
 
 
-def heldout_loss(model, windows: tuple, batch_size: int, group: OneProcess | None = None):
+def heldout_loss(
+    model, windows: tuple, batch_size: int, group: OneProcess | None = None, done=None
+) -> float:
     """The mean next-token loss over every target of windows (every_target_once's idx and
     targets), batch_size windows at a time: each batch's mean weighed by its targets. With a
     data-parallel run's group, each rank takes its share of the windows and one Allreduce
-    adds up every rank's sums."""
+    adds up every rank's sums. done(windows measured, windows): called after each batch."""
     idx, targets = windows
     group = group or OneProcess()
     share = np.array_split(np.arange(len(idx)), group.size)[group.rank]  # this rank's windows
@@ -250,6 +252,8 @@ def heldout_loss(model, windows: tuple, batch_size: int, group: OneProcess | Non
         rows = share[start : start + batch_size]
         n = model.count_targets(targets[rows])
         sums += (model.loss(idx[rows], targets[rows]) * n, n)
+        if done is not None:
+            done(start + len(rows), len(share))
     group.allreduce_sum(sums)
     return float(sums[0] / sums[1])
 

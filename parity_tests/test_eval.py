@@ -4,6 +4,7 @@ same windows (float64), and against the held-out loss training reports; bad inpu
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 
@@ -159,7 +160,40 @@ def test_evals_default_batch_holds_4096_tokens(
     monkeypatch.setattr(cli_study, "EVAL_BATCH_TOKENS", tokens)
 
     taken, measure = [], train.heldout_loss
-    monkeypatch.setattr(train, "heldout_loss", lambda *a: taken.append(a[2]) or measure(*a))
+    monkeypatch.setattr(
+        train, "heldout_loss", lambda *a, **k: taken.append(a[2]) or measure(*a, **k)
+    )
     args = ["eval", "--checkpoint", str(char_run), "--text", str(char_run / "text.txt")]
     (char_run / "text.txt").write_text(DEFAULT_TEXT)
     assert cli(capsys, *args, *extra)[0] == 0 and taken == [batch_size]
+
+
+def test_a_long_eval_says_how_far_it_is_every_30_seconds(monkeypatch):
+    """Windows of 10 s each on a fake clock: a line at 30, 60 and 90 s, none at the end."""
+    from numpy_engine import cli_study
+
+    clock = iter(range(100, 300, 10))  # a clock that did not start at 0
+    monkeypatch.setattr(cli_study.time, "perf_counter", lambda: float(next(clock)))
+    stream = io.StringIO()
+    progress = cli_study.EvalProgress(stream)  # the clock reads 100
+    for measured in range(1, 11):
+        progress(measured, 10)  # the clock reads 10 s a window more
+    assert stream.getvalue().splitlines() == [
+        "eval: 3 of 10 windows   1 min 10 s left",
+        "eval: 6 of 10 windows   40.0 s left",
+        "eval: 9 of 10 windows   10.0 s left",
+    ]
+
+
+def test_evals_progress_lines_go_to_stderr(monkeypatch, capsys, char_run):
+    from numpy_engine import loop
+
+    monkeypatch.setattr(loop, "PROGRESS_SECONDS", 0.0)  # a line after every batch but the last
+    (char_run / "text.txt").write_text(DEFAULT_TEXT)  # 1,999 targets: 63 windows of 32
+    args = ["eval", "--checkpoint", str(char_run), "--text", str(char_run / "text.txt")]
+    status, out, err = cli(capsys, *args, "--batch-size", "20")
+    lines = err.splitlines()
+    assert status == 0 and json.loads(out)["targets"] == 1999 and len(lines) == 3
+    assert [line.split(" windows")[0] for line in lines] == [
+        f"eval: {n} of 63" for n in (20, 40, 60)
+    ]
