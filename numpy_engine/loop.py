@@ -260,6 +260,8 @@ def run_loop(
             history["step"].append(step)
             history["train_loss"].append(loss)
             history["grad_norm"].append(grad_norm)
+            if scheduled:  # a run with a schedule keeps each step's lr (its picture draws it)
+                history.setdefault("lr", []).append(lr)
             due = evaluate and (step % cfg.eval_every == 0 or step == cfg.steps)
             progress.update(step, loss, evaluate(state) if due else "", lr if scheduled else None)
             if checkpointing and checkpointing.every and step % checkpointing.every == 0:

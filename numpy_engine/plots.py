@@ -83,9 +83,15 @@ def _some_labels(labels: list[str]) -> tuple[range, list[str]]:
 
 
 def plot_history(history: dict, out) -> Path:
-    """Training loss per step; held-out loss (and exact match) at evaluations, if recorded."""
-    figure = _figure(7, 4)
-    ax = figure.subplots()
+    """Training loss per step; held-out loss (and exact match) at evaluations, if recorded;
+    below it, the lr per step of a run with a schedule (history["lr"])."""
+    lr = history.get("lr")
+    figure = _figure(7, 5.5 if lr else 4)
+    if lr:
+        ax, lr_ax = figure.subplots(2, 1, sharex=True, height_ratios=[3, 1])
+        _draw_lr(lr_ax, history["step"], lr)
+    else:
+        ax = figure.subplots()
     ax.plot(history["step"], history["train_loss"], lw=0.8, label="training loss (batch)")
     evals = history.get("eval", [])
     if evals:
@@ -104,12 +110,20 @@ def plot_history(history: dict, out) -> Path:
         match.set_ylabel("greedy exact match")
         match.legend(loc="center right", fontsize=8)
     ax.set_yscale("log")
-    ax.set_xlabel("step")
+    ax.set_xlabel("" if lr else "step")  # the lr panel below says it
     ax.set_ylabel("cross-entropy (log scale)")
     ax.legend(loc="lower left", fontsize=8)
     ax.set_title("training")
     figure.tight_layout()
     return _save(figure, out)
+
+
+def _draw_lr(ax, steps: list, lr: list) -> None:
+    """The lr each step took (--schedule, --warmup), on a linear scale from 0."""
+    ax.plot(steps, lr, lw=1.0, color="tab:purple")
+    ax.set_ylim(0, 1.1 * max(lr))
+    ax.set_xlabel("step")
+    ax.set_ylabel("learning rate")
 
 
 ZERO_NORM_AT = 1e-20  # where a norm of exactly 0 is drawn: a log scale has no 0

@@ -122,6 +122,19 @@ def test_a_run_without_evaluations_draws_its_training_loss_alone(drawn):
     assert list(train.get_ydata()) == [1.0, 0.5]
 
 
+def test_a_scheduled_runs_lr_is_drawn_under_its_loss_from_0(drawn):
+    evals = [{"step": 3, "heldout_loss": 1.5, "exact_match": 0.5}]
+    history = {"step": [1, 2, 3], "train_loss": [2.0, 1.0, 0.5], "eval": evals}
+    figure = drawn(plots.plot_history, history | {"lr": [0.0, 2e-3, 1e-3]})
+    loss, lr, match = figure.axes
+    (line,) = lr.get_lines()
+    assert list(line.get_xdata()) == [1, 2, 3] and list(line.get_ydata()) == [0.0, 2e-3, 1e-3]
+    assert lr.get_ylim() == pytest.approx((0.0, 2.2e-3)) and lr.get_ylabel() == "learning rate"
+    assert lr.get_xlabel() == "step" and loss.get_xlabel() == ""  # one "step", at the bottom
+    assert len(loss.get_lines()) == 2 and match.get_ylabel() == "greedy exact match"
+    assert lr.get_position().y1 < loss.get_position().y0  # below the loss
+
+
 def test_gradient_bars_read_top_down_in_the_parameters_order_on_a_log_scale(drawn):
     """A gradient of norm 0 (a parameter the batch never reached) still gets a bar on the
     log scale, at 1e-20, labelled "exactly 0"; a tiny norm that is not 0 is not labelled."""

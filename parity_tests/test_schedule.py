@@ -115,14 +115,14 @@ def test_a_training_run_steps_with_the_scheduled_lr(monkeypatch, cfg, schedule):
     name, warmup, min_lr = schedule
     cfg = type(cfg)(**vars(cfg) | dict(schedule=name, warmup=warmup, min_lr=min_lr))
     seen = recorded_lrs(monkeypatch)
-    run_task(cfg, None, None)
-    assert seen == transformers_lrs(name, cfg.lr, warmup, cfg.steps, min_lr)
+    run = run_task(cfg, None, None)
+    assert seen == transformers_lrs(name, cfg.lr, warmup, cfg.steps, min_lr) == run.history["lr"]
 
 
 def test_an_unscheduled_run_keeps_its_lr_and_shows_none(monkeypatch, capsys):
     seen = recorded_lrs(monkeypatch)
-    run_task(SequenceTrainConfig(steps=5, eval_every=5), None, None)
-    assert seen == [1e-3] * 5
+    run = run_task(SequenceTrainConfig(steps=5, eval_every=5), None, None)
+    assert seen == [1e-3] * 5 and "lr" not in run.history  # the config says it
     assert engine_main(["train", "copy", "--steps", "3"]) == 0
     assert " lr " not in capsys.readouterr().err
 
