@@ -257,3 +257,34 @@ def test_a_checkpoint_written_by_an_earlier_engine_loads_decodes_and_resumes(tmp
     assert resumed.history["step"][-5:] == [21, 22, 23, 24, 25]
     assert np.isfinite(resumed.history["train_loss"]).all()
     assert load_checkpoint(run).meta["step"] == 24  # saved at 22 and 24 on the way
+
+
+def test_a_run_saved_before_a_setting_existed_has_its_default(tmp_path, capsys):
+    """The old run's config has no schedule: it trained at a constant lr, which a resume
+    may say again; another schedule conflicts with it, and is named so."""
+    from numpy_engine.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(OLD_CHECKPOINT, run)
+    assert "schedule" not in load_checkpoint(run).meta["train_config"]
+    resume = ["train", "--resume", str(run), "--steps", "21", "--quiet"]
+    assert main([*resume, "--schedule", "cosine"]) == 2
+    assert "--schedule cosine conflicts with the checkpoint's schedule=constant" in (
+        capsys.readouterr().err
+    )
+    assert main([*resume, "--schedule", "constant", "--warmup", "0"]) == 0
+    assert load_checkpoint(run).meta["step"] == 21
+
+
+@pytest.mark.parametrize("flags", [[], ["--lr", "0.001"]])
+def test_a_run_of_a_task_this_engine_does_not_know_is_refused_by_name(tmp_path, capsys, flags):
+    from numpy_engine.cli import main
+
+    old = load_checkpoint(OLD_CHECKPOINT)
+    meta = old.meta | {"task": "translate"}
+    save_checkpoint(tmp_path / "run", old.model, old.optimizer_state, meta)
+    assert main(["train", "--resume", str(tmp_path / "run"), "--steps", "21", *flags]) == 2
+    assert (
+        "is of task 'translate', which is not known here (known: copy, reverse, char-lm, lm)"
+        in (capsys.readouterr().err)
+    )
