@@ -58,6 +58,10 @@ RUN_FLAGS = {
     "seed": (non_negative_int, "seeds the data split, the initial weights and the batches"),
     "lr": (positive_float, "learning rate, of Adam for copy/reverse and AdamW for char-lm/lm"),
     "batch_size": (positive_int, "sequences per step"),
+    "weight_decay": (
+        non_negative_float,
+        "char-lm, lm: AdamW's decoupled weight decay: each step first takes p *= 1 - lr * this",
+    ),
     "clip": (positive_float, "clip the global gradient norm to this"),
     "eval_every": (
         positive_int,

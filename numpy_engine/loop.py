@@ -133,6 +133,9 @@ def check_run_config(cfg) -> None:
         value = getattr(cfg, name)
         if not 0 < value < math.inf:  # False for NaN too
             raise InputError(f"{name} must be a positive finite number, got {value}")
+    weight_decay = getattr(cfg, "weight_decay", 0.0)  # AdamW's runs only
+    if not 0 <= weight_decay < math.inf:  # False for NaN too
+        raise InputError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
     holdout = getattr(cfg, "holdout", 0.0)  # a language model's run only
     if not 0 <= holdout < 1:  # False for NaN too
         raise InputError(f"holdout must be a fraction in [0, 1), got {holdout}")

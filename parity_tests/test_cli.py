@@ -62,6 +62,8 @@ HELP_WORDS = {
         "(default: constant)",
         "--warmup",
         "--min-lr",
+        "--weight-decay",
+        "p *= 1 - lr * this (default: 0.01)",
     ],
     ("generate",): ["--checkpoint", "--source", "--prompt", "--temperature", "--top-k", "--top-p"],
     ("parity",): ["--model", "--dtype", "--seed"],
@@ -76,7 +78,7 @@ def test_help_explains_every_command_and_flag(command):
     out = " ".join(result.stdout.split())  # argparse wraps its lines at any space
     expected = HELP_WORDS[tuple(command)]
     assert all(word in out for word in expected), out
-    assert "default: None" not in out and "default: 0.0" not in out  # a default that is "off"
+    assert "default: None)" not in out and "default: 0.0)" not in out  # a default that is "off"
 
 
 @pytest.fixture(scope="module")

@@ -433,3 +433,30 @@ def test_a_run_with_a_holdout_resumes_to_the_same_evaluations(tmp_path):
     evaluations = straight.history["eval"]
     assert resumed.history["eval"] == evaluations and [e["step"] for e in evaluations] == [2, 4]
     assert resumed.result["heldout_loss"] == straight.result["heldout_loss"]
+
+
+def test_the_weight_decay_a_run_is_given_shrinks_its_weights_by_lr_times_it(tmp_path):
+    """One step from the same weights on the same batch: the Adam part of the update is the
+    same, so the runs differ by AdamW's decay alone, p (1 - lr wd) against p."""
+    from numpy_engine.cli import main
+
+    runs = {wd: tmp_path / str(wd) for wd in ("0", "0.5")}
+    for wd, out in runs.items():
+        args = ["train", "char-lm", "--steps", "1", "--weight-decay", wd, "--out", str(out)]
+        assert main([*args, "--quiet"]) == 0
+    plain, decayed = (load_checkpoint(out) for out in runs.values())
+    assert decayed.meta["train_config"]["weight_decay"] == 0.5
+    first = ne.MiniGPT(plain.model.config, seed=7).params  # the runs' initial weights (seed 7)
+    for key, p1 in plain.model.params.items():
+        expected = p1 - 3e-3 * 0.5 * first[key]
+        assert np.allclose(decayed.model.params[key], expected, rtol=0, atol=1e-7), key
+    assert not np.array_equal(
+        decayed.model.params["head.weight"], plain.model.params["head.weight"]
+    )
+
+
+@pytest.mark.parametrize("weight_decay", [-0.1, math.nan, math.inf])
+def test_a_weight_decay_that_is_not_finite_and_non_negative_is_refused_by_name(weight_decay):
+    refused = rf"^weight_decay must be a finite number >= 0, got {weight_decay}$"
+    with pytest.raises(ValueError, match=refused):
+        loop.check_run_config(CharTrainConfig(steps=1, weight_decay=weight_decay))
