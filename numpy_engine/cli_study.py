@@ -15,6 +15,7 @@ from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
     add_source_or_prompt,
+    fraction,
     int_in,
     non_negative_int,
     picture_path,
@@ -113,6 +114,13 @@ def add_eval_command(commands) -> None:
         "--context",
         type=positive_int,
         help="tokens a window holds, up to the model's positions (default: all of them)",
+    )
+    evaluate.add_argument(
+        "--holdout",
+        type=fraction,
+        metavar="FRACTION",
+        help="measure the text's last FRACTION of tokens alone: the part that train --holdout "
+        "FRACTION kept out of training (with the run's --context, the loss it reported)",
     )
     evaluate.add_argument(
         "--batch-size",
@@ -235,11 +243,29 @@ def run_eval(args: argparse.Namespace) -> int:
     import math
 
     from numpy_engine.checkpoint import load_checkpoint
-    from numpy_engine.tasks import corpus_from_meta, every_target_once, read_text
+    from numpy_engine.tasks import every_target_once, read_text
     from numpy_engine.train import heldout_loss
 
-    text = read_text(args.text)
+    text = read_text(args.text)  # before a checkpoint that may take seconds to read
     checkpoint = load_checkpoint(args.checkpoint, optimizer=False)
+    ids, context = _tokens_to_measure(args, text, checkpoint)
+    model = checkpoint.model
+    windows = every_target_once(ids, context, model.ignore_index())
+    batch_size = args.batch_size or max(1, EVAL_BATCH_TOKENS // context)
+    loss = heldout_loss(model, windows, batch_size, done=EvalProgress(sys.stderr))
+    result = {"checkpoint": str(args.checkpoint), "text": args.text, "tokens": len(ids)}
+    if args.holdout:
+        result["holdout"] = args.holdout
+    result |= {"targets": len(ids) - 1, "context": context, "loss": loss}
+    print(json.dumps(result | {"perplexity": math.exp(loss)}, indent=2))
+    return 0
+
+
+def _tokens_to_measure(args: argparse.Namespace, text: str, checkpoint) -> tuple:
+    """(the ids eval measures, the window length): text under the checkpoint's tokenizer,
+    its held-out part with --holdout; each refused by name where it cannot be measured."""
+    from numpy_engine.tasks import corpus_from_meta, split_off_heldout
+
     model = checkpoint.model
     if not model.continues_prompt:
         raise InputError(
@@ -253,10 +279,6 @@ def run_eval(args: argparse.Namespace) -> int:
     context = args.context or positions
     if context > positions:
         raise InputError(f"--context {context}: this model has {positions} positions")
-    windows = every_target_once(ids, context, model.ignore_index())
-    batch_size = args.batch_size or max(1, EVAL_BATCH_TOKENS // context)
-    loss = heldout_loss(model, windows, batch_size, done=EvalProgress(sys.stderr))
-    result = {"checkpoint": str(args.checkpoint), "text": args.text, "tokens": len(ids)}
-    result |= {"targets": len(ids) - 1, "context": context, "loss": loss}
-    print(json.dumps(result | {"perplexity": math.exp(loss)}, indent=2))
-    return 0
+    if args.holdout:  # the tokens training held out, split as it split them
+        ids = split_off_heldout(ids, args.holdout, context)[1]
+    return ids, context

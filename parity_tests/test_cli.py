@@ -67,7 +67,14 @@ HELP_WORDS = {
     ],
     ("generate",): ["--checkpoint", "--source", "--prompt", "--temperature", "--top-k", "--top-p"],
     ("parity",): ["--model", "--dtype", "--seed"],
-    ("eval",): ["--checkpoint", "--text", "--context", "--batch-size", "perplexity, exp(loss)"],
+    ("eval",): [
+        "--checkpoint",
+        "--text",
+        "--context",
+        "--batch-size",
+        "perplexity, exp(loss)",
+        "--holdout FRACTION",
+    ],
 }
 
 

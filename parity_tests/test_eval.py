@@ -73,17 +73,22 @@ def test_eval_is_transformers_loss_over_the_same_windows(
 
 
 def test_eval_of_the_held_out_text_is_the_loss_training_reported(tmp_path, capsys):
-    """A char-lm run's held-out part, read back by eval at the run's context and batch: the
-    same windows, in the same batches, so the same number."""
+    """A char-lm run's held-out part, read back by eval at the run's context and batch (cut
+    off by hand, or by --holdout): the same windows, in the same batches, the same number."""
     run = tmp_path / "run"
-    args = ["train", "char-lm", "--steps", "30", "--holdout", "0.5", "--out", str(run)]
+    args = ["train", "char-lm", "--steps", "30", "--holdout", "0.3", "--out", str(run)]
     assert cli(capsys, *args, "--quiet")[0] == 0
     reported = json.loads((run / "result.json").read_text())["heldout_loss"]
-    held_out = tmp_path / "heldout.txt"
-    held_out.write_text(DEFAULT_TEXT[-round(len(DEFAULT_TEXT) * 0.5) :])  # a character a token
-    args = ["eval", "--checkpoint", str(run), "--text", str(held_out), "--context", "32"]
-    status, out, _ = cli(capsys, *args, "--batch-size", "32")
-    assert status == 0 and json.loads(out)["loss"] == reported
+    whole, held_out = tmp_path / "whole.txt", tmp_path / "heldout.txt"
+    whole.write_text(DEFAULT_TEXT)
+    held_out.write_text(DEFAULT_TEXT[-round(len(DEFAULT_TEXT) * 0.3) :])  # a character a token
+    same = ["--context", "32", "--batch-size", "32"]
+    for text, holdout in ((held_out, []), (whole, ["--holdout", "0.3"])):
+        args = ["eval", "--checkpoint", str(run), "--text", str(text), *holdout, *same]
+        status, out, _ = cli(capsys, *args)
+        result = json.loads(out)
+        assert status == 0 and result["loss"] == reported and result["tokens"] == 600
+        assert result.get("holdout") == (0.3 if holdout else None)
     status, out, _ = cli(capsys, "eval", "--checkpoint", str(run), "--text", str(held_out))
     default = json.loads(out)  # the model's 32 positions, 128 windows a batch: 1 batch
     assert status == 0 and default["context"] == 32
@@ -105,6 +110,7 @@ def char_run(tmp_path_factory):
         ("t", [], "--text is 1 token long: eval needs 2 or more (one to predict)"),
         ("to be", ["--context", "33"], "--context 33: this model has 32 positions"),
         ("to bez", [], "--text has characters outside the vocabulary: ['z']"),
+        ("to be or not", ["--holdout", "0.5"], "a context of 32 needs at least 33"),
     ],
 )
 def test_eval_refuses_what_it_cannot_measure_in_one_line(
