@@ -88,7 +88,7 @@ def test_eval_of_the_held_out_text_is_the_loss_training_reported(tmp_path, capsy
         status, out, _ = cli(capsys, *args)
         result = json.loads(out)
         assert status == 0 and result["loss"] == reported and result["tokens"] == 600
-        assert result.get("holdout") == (0.3 if holdout else None)
+        assert ("holdout" in result) == bool(holdout) and result.get("holdout", 0.3) == 0.3
     status, out, _ = cli(capsys, "eval", "--checkpoint", str(run), "--text", str(held_out))
     default = json.loads(out)  # the model's 32 positions, 128 windows a batch: 1 batch
     assert status == 0 and default["context"] == 32
@@ -203,3 +203,14 @@ def test_evals_progress_lines_go_to_stderr(monkeypatch, capsys, char_run):
     assert [line.split(" windows")[0] for line in lines] == [
         f"eval: {n} of 63" for n in (20, 40, 60)
     ]
+
+
+def test_a_held_out_part_needs_one_window_of_the_context_asked_for(tmp_path, capsys, char_run):
+    """20 held-out tokens hold a window of 8 (9 tokens), not one of the model's 32."""
+    path = tmp_path / "text.txt"
+    path.write_text(DEFAULT_TEXT[:40])
+    args = ["eval", "--checkpoint", str(char_run), "--text", str(path), "--holdout", "0.5"]
+    status, out, _ = cli(capsys, *args, "--context", "8")
+    assert status == 0 and json.loads(out)["tokens"] == 20
+    status, _, err = cli(capsys, *args)
+    assert status == 2 and "leaves the held-out part 20 of the text's 40 tokens" in err
