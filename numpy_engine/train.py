@@ -319,12 +319,7 @@ def resume(
         )
     cfg = _train_config(out_dir, meta)
     if steps and steps != cfg.steps and cfg.schedule != "constant":
-        raise InputError(
-            f"--steps {steps}: the run in {out_dir} lowers its lr over its {cfg.steps} steps "
-            f"(--schedule {cfg.schedule}); over {steps} steps its lr would have been another "
-            "from the start. Resume it without --steps (a run with --schedule constant can "
-            "be given more)"
-        )
+        _refuse_other_steps(out_dir, cfg, steps, meta["step"], checkpoint.model)
     cfg = replace(cfg, steps=steps or cfg.steps)
     if meta["step"] >= cfg.steps:
         raise InputError(
@@ -339,6 +334,21 @@ def resume(
     optimizer.load_state_dict(checkpoint.optimizer_state, consume=True)
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
     return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta, parallel)
+
+
+def _refuse_other_steps(out_dir, cfg, steps: int, done: int, model) -> None:
+    """--steps for a run whose lr decays over its own steps: refused, saying what can be done
+    instead (resume it as it is; a finished language model's weights can start a new run)."""
+    instead = "Resume it without --steps (a run with --schedule constant can be given more)"
+    if done >= cfg.steps:
+        instead = f"It has taken all {cfg.steps}"
+        if model.continues_prompt:
+            instead += f"; to train its weights on, start a new run: train lm --init {out_dir}"
+    raise InputError(
+        f"--steps {steps}: the run in {out_dir} lowers its lr over its {cfg.steps} steps "
+        f"(--schedule {cfg.schedule}); over {steps} steps its lr would have been another from "
+        f"the start. {instead}"
+    )
 
 
 def _train_config(out_dir, meta: dict):

@@ -168,6 +168,8 @@ def test_only_a_constant_schedules_run_takes_more_steps(tmp_path):
     with pytest.raises(InputError, match=lowers):
         resume(decaying, None, steps=9)
     assert resume(decaying, None, steps=6).history["step"][-1] == 6  # its own steps: taken
+    with pytest.raises(InputError, match=r"Resume it without --steps \(a run with --schedule "):
+        resume(decaying, None, steps=9)  # saved at step 4: it can go on
     warm = SequenceTrainConfig(steps=6, eval_every=6, warmup=4)
     with threadpool_limits(1):
         run_task(warm, None, None, Checkpointing(constant, 3))
@@ -236,3 +238,19 @@ def test_the_command_line_refuses_a_bad_schedule_in_one_line(capsys, flags, word
     assert status == 2
     err = capsys.readouterr().err
     assert words in err and err.startswith(("usage:", "numpy-engine train: error: ")), err
+
+
+@pytest.mark.parametrize(
+    ("cfg", "hint"),
+    [
+        (SequenceTrainConfig(steps=4, eval_every=4, schedule="cosine"), r"It has taken all 4$"),
+        (
+            CharTrainConfig(steps=4, eval_every=4, schedule="cosine"),
+            r"It has taken all 4; to train its weights on, start a new run: train lm --init .*run$",
+        ),
+    ],
+)
+def test_a_finished_decaying_run_asked_for_more_steps_says_what_can_be_done(tmp_path, cfg, hint):
+    run_task(cfg, None, None, Checkpointing(tmp_path / "run", 4))  # saved at its last step
+    with pytest.raises(InputError, match=r"^--steps 6: .*from the start. " + hint):
+        resume(tmp_path / "run", None, steps=6)
