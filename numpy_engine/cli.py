@@ -342,9 +342,11 @@ def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
         )
     checkpoint = load_checkpoint(args.resume)
     meta = checkpoint.meta
-    if "train_config" not in meta:
+    if not {"task", "train_config"} <= meta.keys():
         return checkpoint  # holds no training run: train.resume says so, and what to do
-    saved = _saved_settings(meta)
+    from numpy_engine.train import saved_config
+
+    saved = dataclasses.asdict(saved_config(args.resume, meta))  # with settings added since
     for name, value in given.items():
         if name != "steps" and name in saved and value != saved[name]:
             raise InputError(
@@ -354,17 +356,6 @@ def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
         if name not in saved:
             raise InputError(f"{_flag(name)} does not apply to the run in {args.resume}")
     return checkpoint
-
-
-def _saved_settings(meta: dict) -> dict:
-    """A saved run's settings: its train_config, and for a setting added to its task's
-    config since it was saved, that setting's default, which the resumed run takes (an
-    earlier run's lr had no schedule: schedule "constant", warmup 0)."""
-    task_config = REFERENCE_RUNS.get(meta.get("task"))
-    if task_config is None:  # train.resume names the unknown task
-        return meta["train_config"]
-    defaults = {field.name: field.default for field in dataclasses.fields(task_config)}
-    return defaults | meta["train_config"]
 
 
 def _train_new(args: argparse.Namespace, given: dict, stream, parallel):

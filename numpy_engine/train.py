@@ -317,7 +317,7 @@ def resume(
             f"checkpoint in {out_dir} cannot be resumed: it holds no training run's state "
             f"(its meta lacks {sorted(missing)}){hint}"
         )
-    cfg = _train_config(out_dir, meta)
+    cfg = saved_config(out_dir, meta)
     if steps and steps != cfg.steps and cfg.schedule != "constant":
         _refuse_other_steps(out_dir, cfg, steps, meta["step"], checkpoint.model)
     cfg = replace(cfg, steps=steps or cfg.steps)
@@ -351,8 +351,9 @@ def _refuse_other_steps(out_dir, cfg, steps: int, done: int, model) -> None:
     )
 
 
-def _train_config(out_dir, meta: dict):
-    """The run's config: the class of its task's reference run, with the saved settings."""
+def saved_config(out_dir, meta: dict):
+    """The run's config: the class of its task's reference run, with the saved settings (a
+    setting added since the run was saved: its default, which the resumed run takes)."""
     if meta["task"] not in REFERENCE_RUNS:
         raise InputError(
             f"checkpoint in {out_dir} is of task {meta['task']!r}, which is not known here "

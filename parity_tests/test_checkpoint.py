@@ -284,7 +284,18 @@ def test_a_run_of_a_task_this_engine_does_not_know_is_refused_by_name(tmp_path, 
     meta = old.meta | {"task": "translate"}
     save_checkpoint(tmp_path / "run", old.model, old.optimizer_state, meta)
     assert main(["train", "--resume", str(tmp_path / "run"), "--steps", "21", *flags]) == 2
-    assert (
-        "is of task 'translate', which is not known here (known: copy, reverse, char-lm, lm)"
-        in (capsys.readouterr().err)
+    known = "which is not known here (known: copy, reverse, char-lm, lm)"
+    refused = f"checkpoint in {tmp_path / 'run'} is of task 'translate', {known}"
+    assert refused in capsys.readouterr().err
+
+
+def test_a_run_whose_meta_lacks_its_task_is_refused_by_what_it_lacks(tmp_path, capsys):
+    from numpy_engine.cli import main
+
+    old = load_checkpoint(OLD_CHECKPOINT)
+    meta = {key: value for key, value in old.meta.items() if key != "task"}
+    save_checkpoint(tmp_path / "run", old.model, old.optimizer_state, meta)
+    assert main(["train", "--resume", str(tmp_path / "run"), "--steps", "21", "--lr", "0.1"]) == 2
+    assert "cannot be resumed: it holds no training run's state (its meta lacks ['task'])" in (
+        capsys.readouterr().err
     )
