@@ -32,11 +32,10 @@ def lr_factor(k: int, schedule: str, warmup: int, steps: int, min_ratio: float =
         return 1.0
     after_warmup = float(max(1, steps - warmup))
     if schedule == "linear":
-        decay = max(0.0, float(steps - k) / after_warmup)
-    else:
-        progress = float(k - warmup) / after_warmup
-        decay = 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress))  # a half cosine wave
-    return max(0.0, decay * (1 - min_ratio) + min_ratio)
+        decay = float(steps - k) / after_warmup
+    else:  # a half cosine wave (transformers' pi * 0.5 * 2.0 is pi exactly: the same bits)
+        decay = 0.5 * (1.0 + math.cos(math.pi * (float(k - warmup) / after_warmup)))
+    return max(0.0, decay * (1 - min_ratio) + min_ratio)  # never below 0, for k past the end
 
 
 def scheduled_lr(cfg, k: int) -> float:
