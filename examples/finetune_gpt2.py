@@ -15,7 +15,7 @@ import numpy as np
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.generate import generate
 from numpy_engine.models import GPT2, GPT2Config
-from numpy_engine.optim import AdamW
+from numpy_engine.optim import AdamW, no_decay_keys
 from numpy_engine.tasks import (
     DEFAULT_TEXT,
     CharCorpus,
@@ -49,7 +49,8 @@ train_ids, heldout_ids = split_off_heldout(corpus.ids, HOLDOUT, context)
 heldout = every_target_once(heldout_ids, context, model.ignore_index())
 print(f"held-out loss before: {heldout_loss(model, heldout, BATCH_SIZE):.4f}")
 
-optimizer = AdamW(model.params, lr=lr, weight_decay=0.01)
+# weight decay on the matrices and embeddings, not on biases and layernorms (as the command)
+optimizer = AdamW(model.params, lr=lr, weight_decay=0.01, no_decay=no_decay_keys(model.params))
 
 
 def train_step(idx: np.ndarray, targets: np.ndarray) -> float:

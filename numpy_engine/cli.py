@@ -41,7 +41,7 @@ from numpy_engine.cli_args import (
 )
 from numpy_engine.cli_hf import add_hf_commands
 from numpy_engine.cli_study import add_study_commands
-from numpy_engine.configs import NEW_MODEL_RUNS, REFERENCE_RUNS, reference_run
+from numpy_engine.configs import NEW_MODEL_RUNS, REFERENCE_RUNS, WEIGHT_DECAY_ON, reference_run
 from numpy_engine.schedule import SCHEDULES
 
 TORCH_COMMANDS = {
@@ -61,6 +61,12 @@ RUN_FLAGS = {
     "weight_decay": (
         non_negative_float,
         "char-lm, lm: AdamW's decoupled weight decay: each step first takes p *= 1 - lr * this",
+    ),
+    "weight_decay_on": (
+        name_in(WEIGHT_DECAY_ON),
+        "char-lm, lm: which parameters --weight-decay shrinks: matrices (the weight matrices "
+        "and embedding tables, not the biases nor layernorms' scales and shifts, as Hugging "
+        "Face's Trainer and nanoGPT) or all (as torch.optim.AdamW given every parameter)",
     ),
     "clip": (positive_float, "clip the global gradient norm to this"),
     "eval_every": (

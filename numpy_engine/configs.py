@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from numpy_engine.optim import Adam, AdamW, Optimizer
+from numpy_engine.optim import Adam, AdamW, Optimizer, no_decay_keys
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class CharTrainConfig:
     context: int = 32
     clip: float = 1.0
     weight_decay: float = 0.01
+    weight_decay_on: str = "matrices"  # or "all": WEIGHT_DECAY_ON
     prompt: str | None = None  # the sample's prompt; None: the text's first 3 characters
     model: str = "gpt"  # the kind of model trained: any registered kind that continues a prompt
     task: str = "char-lm"  # the name it is registered under in REFERENCE_RUNS
@@ -47,9 +48,22 @@ class CharTrainConfig:
     min_lr: float = 0.0  # where linear and cosine decay towards
 
     optimizer_class = AdamW  # not a field: what optimizer() makes
+    # settings added since some runs were saved, with the values those runs were trained with
+    # where they are not the defaults (train.saved_config): they decayed every parameter
+    older_runs_had = {"weight_decay_on": "all"}
 
     def optimizer(self, params: dict) -> Optimizer:
-        return self.optimizer_class(params, lr=self.lr, weight_decay=self.weight_decay)
+        no_decay = no_decay_keys(params) if self.weight_decay_on == "matrices" else ()
+        return self.optimizer_class(
+            params, lr=self.lr, weight_decay=self.weight_decay, no_decay=no_decay
+        )
+
+
+# Which parameters AdamW's weight decay shrinks in a language model's run: "matrices", the
+# weight matrices and embedding tables (optim.no_decay_keys: not the biases nor layernorms'
+# scales and shifts, as Hugging Face's Trainer and nanoGPT), or "all" (as torch.optim.AdamW
+# given model.parameters(); the runs saved before the choice was made)
+WEIGHT_DECAY_ON = ("matrices", "all")
 
 
 # The training tasks, by name: what `numpy-engine train TASK` runs without flags. A new task

@@ -15,6 +15,7 @@ import numpy as np
 
 from numpy_engine.checkpoint import save_checkpoint
 from numpy_engine.checks import InputError
+from numpy_engine.configs import WEIGHT_DECAY_ON
 from numpy_engine.memory import check_fits
 from numpy_engine.models import Model
 from numpy_engine.optim import NonFiniteGradients, Optimizer
@@ -136,6 +137,11 @@ def check_run_config(cfg) -> None:
     weight_decay = getattr(cfg, "weight_decay", 0.0)  # AdamW's runs only
     if not 0 <= weight_decay < math.inf:  # False for NaN too
         raise InputError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
+    decayed = getattr(cfg, "weight_decay_on", "all")  # AdamW's runs only
+    if decayed not in WEIGHT_DECAY_ON:
+        raise InputError(
+            f"weight_decay_on must be one of {', '.join(WEIGHT_DECAY_ON)}, got {decayed!r}"
+        )
     holdout = getattr(cfg, "holdout", 0.0)  # a language model's run only
     if not 0 <= holdout < 1:  # False for NaN too
         raise InputError(f"holdout must be a fraction in [0, 1), got {holdout}")

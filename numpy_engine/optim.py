@@ -231,7 +231,7 @@ class Optimizer:
                 grad = np.multiply(grad, scale, out=scratch[2, :n])
             blocks_of_state = [flat[piece] for flat in state]
             self._update_block(
-                flat_params[piece], grad, blocks_of_state, scratch[:2, :n], constants
+                piece, flat_params[piece], grad, blocks_of_state, scratch[:2, :n], constants
             )
         return norm if max_grad_norm is not None else None
 
@@ -272,9 +272,9 @@ class Optimizer:
         grad_scale is the clipping coefficient when folds_clipping (None: no clipping)."""
         return ()
 
-    def _update_block(self, param, grad, state: list, scratch, constants) -> None:
-        """Update one block of param in place from grad; state holds the same block of each
-        flat_state vector, scratch two rows of the block's length."""
+    def _update_block(self, piece: slice, param, grad, state: list, scratch, constants) -> None:
+        """Update param, the block piece of the parameter vector, in place from grad; state
+        holds the same block of each flat_state vector, scratch two rows of the block's length."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -318,7 +318,7 @@ class SGD(Optimizer):
         super().__init__(params, lr)
         self.momentum, self.weight_decay = momentum, weight_decay
 
-    def _update_block(self, param, grad, state, scratch, constants) -> None:
+    def _update_block(self, piece, param, grad, state, scratch, constants) -> None:
         tmp, decayed = scratch
         d = grad
         if self.weight_decay:
@@ -375,7 +375,7 @@ class Adam(Optimizer):
         step_size = self.lr * c2 / (1 - beta1**self.step_count)
         return (step_size, self.eps * c2, m_factor, v_factor, grad_scale)
 
-    def _update_block(self, param, grad, state, scratch, constants) -> None:
+    def _update_block(self, piece, param, grad, state, scratch, constants) -> None:
         """The update on one block, in place; constants from _step_constants.
 
         torch's order but for the moments, taken as b1 m + (1 - b1) g (torch's lerp,
@@ -407,7 +407,10 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay: p *= 1 - lr * wd before the Adam step."""
+    """Adam with decoupled weight decay: p *= 1 - lr * wd before the Adam step.
+
+    no_decay: keys of parameters the decay leaves alone, as torch.optim.AdamW with those in a
+    param group of weight_decay 0 (e.g. no_decay_keys(params): biases and layernorms)."""
 
     def __init__(
         self,
@@ -416,10 +419,66 @@ class AdamW(Adam):
         betas=(0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.01,
+        no_decay=(),
     ):
         super().__init__(params, lr, betas, eps, weight_decay=0.0)
         self.decoupled_weight_decay = weight_decay
+        unknown = set(no_decay) - set(self.keys)
+        if unknown:
+            raise InputError(f"no_decay names no parameter: {sorted(unknown)}")
+        self.no_decay = frozenset(no_decay)
+        self.decayed = self._decayed_parts()
 
-    def _update_block(self, param, grad, state, scratch, constants) -> None:
-        param *= 1 - self.lr * self.decoupled_weight_decay
-        super()._update_block(param, grad, state, scratch, constants)
+    def _decayed_parts(self) -> dict[int, list[slice] | None]:
+        """For each block (by its start), the slices of it that decay: None for the whole
+        block, the usual case (one pass), else the parts of it that hold decayed parameters."""
+        ends = zip(self.keys, self.starts[:-1], self.starts[1:], strict=True)
+        decayed = _joined([slice(lo, hi) for key, lo, hi in ends if key not in self.no_decay])
+        stops = [d.stop for d in decayed]
+        parts: dict[int, list[slice] | None] = {}
+        for piece in self.pieces:
+            inside = _spans_inside(piece, decayed, stops)
+            whole = [(s.start, s.stop) for s in inside] == [(0, piece.stop - piece.start)]
+            parts[piece.start] = None if whole else inside
+        return parts
+
+    def _update_block(self, piece, param, grad, state, scratch, constants) -> None:
+        if self.decoupled_weight_decay:  # p * 1.0 would be a pass that changes nothing
+            factor = 1 - self.lr * self.decoupled_weight_decay
+            parts = self.decayed[piece.start]
+            if parts is None:
+                param *= factor
+            else:
+                for part in parts:
+                    param[part] *= factor
+        super()._update_block(piece, param, grad, state, scratch, constants)
+
+
+def _spans_inside(piece: slice, spans: list[slice], stops: list[int]) -> list[slice]:
+    """The parts of spans (in order, apart; stops their ends) inside piece, as slices of it."""
+    lo, hi = piece.start, piece.stop
+    parts = []
+    i = bisect.bisect_right(stops, lo)  # the first span that ends past the piece's start
+    while i < len(spans) and spans[i].start < hi:
+        parts.append(slice(max(spans[i].start, lo) - lo, min(spans[i].stop, hi) - lo))
+        i += 1
+    return parts
+
+
+def _joined(parts: list[slice]) -> list[slice]:
+    """Consecutive slices in order, with those that meet made one (one pass instead of two)."""
+    joined: list[slice] = []
+    for part in parts:
+        if joined and joined[-1].stop == part.start:
+            joined[-1] = slice(joined[-1].start, part.stop)
+        else:
+            joined.append(part)
+    return joined
+
+
+def no_decay_keys(params: dict[str, np.ndarray]) -> list[str]:
+    """The parameters that are not matrices: biases and layernorms' scales and shifts. Weight
+    decay leaves them alone in Hugging Face's Trainer (biases and LayerNorm weights by name)
+    and nanoGPT (every parameter of fewer than 2 dimensions); the weight matrices and the
+    embedding tables decay."""
+    return [key for key, p in params.items() if p.ndim < 2]

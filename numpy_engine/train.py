@@ -352,15 +352,17 @@ def _refuse_other_steps(out_dir, cfg, steps: int, done: int, model) -> None:
 
 
 def saved_config(out_dir, meta: dict):
-    """The run's config: the class of its task's reference run, with the saved settings (a
-    setting added since the run was saved: its default, which the resumed run takes)."""
+    """The run's config: the class of its task's reference run, with the saved settings. A
+    setting added since the run was saved takes what the run was trained with: the value in
+    the class's older_runs_had where that is not the setting's default, else its default."""
     if meta["task"] not in REFERENCE_RUNS:
         raise InputError(
             f"checkpoint in {out_dir} is of task {meta['task']!r}, which is not known here "
             f"(known: {', '.join(REFERENCE_RUNS)})"
         )
     config_class = type(REFERENCE_RUNS[meta["task"]])
-    return config_class(**meta["train_config"])  # a setting saved before it existed: its default
+    before = getattr(config_class, "older_runs_had", {})
+    return config_class(**{**before, **meta["train_config"]})  # else a new setting's default
 
 
 def run_task(

@@ -377,6 +377,7 @@ def test_a_train_flag_without_its_companion_is_refused_before_training(args, mes
         ("copy", "--holdout", "0.1"),  # the copy task's held-out split is its own
         ("copy", "--context", "8"),
         ("reverse", "--init", "RUN"),
+        ("copy", "--weight-decay-on", "all"),  # Adam, without weight decay
     ],
 )
 def test_a_flag_that_does_not_apply_to_the_task_is_refused(task, flag, value, capsys):

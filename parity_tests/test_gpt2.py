@@ -25,7 +25,7 @@ from numpy_engine import layers
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.hf import engine_params_from_hf, import_hf
 from numpy_engine.models import IGNORE_INDEX
-from numpy_engine.optim import AdamW
+from numpy_engine.optim import AdamW, no_decay_keys
 from parity_tests.helpers import (
     assert_all_close_float64,
     assert_float32_within_bound,
@@ -237,12 +237,35 @@ def test_greedy_generation_is_token_identical_to_transformers():
     assert ours.shape[1] <= prompt.shape[1] + 3 and ours[0, -1] == eos
 
 
-def test_ten_adamw_steps_follow_torch_adamw():
-    """Fine-tuning's optimizer on the tied model (torch steps the shared wte once)."""
+def hf_trainer_param_groups(hf: GPT2LMHeadModel, weight_decay: float) -> list[dict]:
+    """Hugging Face Trainer's AdamW groups: its decay names (no bias, no LayerNorm) at
+    weight_decay, the other parameters at 0."""
+    from transformers import Trainer
+
+    decayed = set(Trainer.get_decay_parameter_names(None, hf))  # self is not read
+    named = list(hf.named_parameters())  # the tied head's weight once, as wte
+    return [
+        {"params": [p for name, p in named if name in decayed], "weight_decay": weight_decay},
+        {"params": [p for name, p in named if name not in decayed], "weight_decay": 0.0},
+    ]
+
+
+@pytest.mark.parametrize("decayed", ["all", "matrices"])
+def test_ten_adamw_steps_follow_torch_adamw(decayed):
+    """Fine-tuning's optimizer on the tied model (torch steps the shared wte once): decaying
+    every parameter, as torch.optim.AdamW given them all, or the matrices alone
+    (no_decay_keys), as Hugging Face's Trainer groups them."""
     case = Case(SMALL, 7)
     model, rng = case.engine, np.random.default_rng(7)
-    ours = AdamW(model.params, lr=1e-3, weight_decay=0.1)
-    theirs = torch.optim.AdamW(case.hf.parameters(), lr=1e-3, weight_decay=0.1)
+    if decayed == "all":
+        ours = AdamW(model.params, lr=1e-3, weight_decay=0.1)
+        theirs = torch.optim.AdamW(case.hf.parameters(), lr=1e-3, weight_decay=0.1)
+    else:
+        no_decay = no_decay_keys(model.params)
+        ours = AdamW(model.params, lr=1e-3, weight_decay=0.1, no_decay=no_decay)
+        theirs = torch.optim.AdamW(hf_trainer_param_groups(case.hf, 0.1), lr=1e-3)
+        undecayed = sum(p.numel() for p in theirs.param_groups[1]["params"])  # c_attn's bias:
+        assert 0 < undecayed == sum(model.params[key].size for key in no_decay)  # ours q, k, v
     for _ in range(10):
         idx = rng.integers(0, 11, (2, 6))
         targets = np.roll(idx, -1, axis=1)

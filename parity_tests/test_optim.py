@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from crosscheck.compare import compare
 from numpy_engine import optim
 from numpy_engine.checks import InputError
-from numpy_engine.optim import SGD, Adam, AdamW, clip_grad_norm
+from numpy_engine.optim import SGD, Adam, AdamW, clip_grad_norm, no_decay_keys
 from numpy_engine.params import flatten, unflatten
 from parity_tests.strategies import seeds
 
@@ -121,6 +121,81 @@ def test_adamw_matches_torch_with_its_decoupled_decay(lr, weight_decay, seed):
 def test_adamw_default_weight_decay_is_torchs():
     assert AdamW({"w": np.zeros(1)}).decoupled_weight_decay == 0.01
     assert torch.optim.AdamW([torch.zeros(1)]).defaults["weight_decay"] == 0.01
+
+
+def torch_adamw_without_decay_on(no_decay, lr: float, weight_decay: float):
+    """torch.optim.AdamW over SHAPES' tensors, those named in no_decay in a param group of
+    weight_decay 0 (an empty group left out: torch refuses it)."""
+
+    def make(tensors: list) -> torch.optim.AdamW:
+        named = dict(zip(SHAPES, tensors, strict=True))
+        decayed = [t for key, t in named.items() if key not in no_decay]
+        plain = [t for key, t in named.items() if key in no_decay]
+        groups = [{"params": decayed}, {"params": plain, "weight_decay": 0.0}]
+        return torch.optim.AdamW([g for g in groups if g["params"]], lr, weight_decay=weight_decay)
+
+    return make
+
+
+@given(
+    lr=learning_rates,
+    weight_decay=st.sampled_from([0.01, 0.1]),
+    no_decay=st.sets(st.sampled_from(sorted(SHAPES))),
+    block_entries=st.integers(1, 30),
+    seed=seeds,
+)
+# blocks of 14 over w 0..12, b 12..16, e 16..26: each block holds decayed and undecayed entries
+@example(lr=0.01, weight_decay=0.1, no_decay={"b"}, block_entries=14, seed=0)
+@example(lr=0.01, weight_decay=0.1, no_decay={"w", "e"}, block_entries=14, seed=0)
+def test_adamw_no_decay_is_torchs_param_group_of_weight_decay_0(
+    lr, weight_decay, no_decay, block_entries, seed
+):
+    """The parameters no_decay names take the Adam step alone, as torch.optim.AdamW's in a
+    param group of weight_decay 0; in blocks of 1 to 30 of the 26 entries, cut between
+    decayed and undecayed parameters or not, to the same bits as in one block."""
+
+    def in_blocks(params):
+        with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
+            return AdamW(params, lr=lr, weight_decay=weight_decay, no_decay=no_decay)
+
+    torch_twin = torch_adamw_without_decay_on(no_decay, lr, weight_decay)
+    run = run_both(in_blocks, torch_twin, seed)
+    assert len(run[2].pieces) == -(-26 // block_entries)
+    assert_state_matches(*run[:4], ["exp_avg", "exp_avg_sq"])
+    whole = run_both(
+        lambda p: AdamW(p, lr=lr, weight_decay=weight_decay, no_decay=no_decay), torch_twin, seed
+    )[0]
+    for key, value in run[0].items():
+        np.testing.assert_array_equal(value, whole[key])
+
+
+@pytest.mark.parametrize(
+    "no_decay, parts",
+    [
+        ((), [None, None]),  # every block decays whole: one pass
+        (("b",), [[slice(0, 12)], [slice(2, 12)]]),  # w 0..12 | e 16..26, less b's 12..16
+        (("w", "e"), [[slice(12, 14)], [slice(0, 2)]]),  # b alone
+        (("w", "b", "e"), [[], []]),
+    ],
+)
+def test_adamw_decays_the_parts_of_each_block_that_hold_decayed_parameters(no_decay, parts):
+    """Blocks of 14 over w 0..12, b 12..16, e 16..26: the slices of each block that decay."""
+    _, params = random_params(np.random.default_rng(0))
+    with mock.patch.object(optim, "BLOCK_BYTES", 8 * 14):
+        optimizer = AdamW(params, no_decay=no_decay)
+    assert list(optimizer.decayed.values()) == parts and list(optimizer.decayed) == [0, 14]
+
+
+def test_adamw_refuses_a_no_decay_key_that_names_no_parameter():
+    _, params = random_params(np.random.default_rng(0))
+    with pytest.raises(InputError, match=re.escape("no_decay names no parameter: ['bias']")):
+        AdamW(params, no_decay=["b", "bias"])
+
+
+def test_no_decay_keys_are_every_parameter_that_is_not_a_matrix():
+    """Biases and layernorms: what Hugging Face's Trainer and nanoGPT leave undecayed."""
+    params = {"emb": np.zeros((5, 2)), "w": np.zeros((2, 2)), "b": np.zeros(2), "ln": np.zeros(2)}
+    assert no_decay_keys(params) == ["b", "ln"]
 
 
 @given(
