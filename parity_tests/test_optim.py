@@ -118,9 +118,14 @@ def test_adamw_matches_torch_with_its_decoupled_decay(lr, weight_decay, seed):
     assert_state_matches(*run[:4], ["exp_avg", "exp_avg_sq"])
 
 
-def test_adamw_default_weight_decay_is_torchs():
-    assert AdamW({"w": np.zeros(1)}).decoupled_weight_decay == 0.01
-    assert torch.optim.AdamW([torch.zeros(1)]).defaults["weight_decay"] == 0.01
+@pytest.mark.parametrize("ours, theirs", [(Adam, torch.optim.Adam), (AdamW, torch.optim.AdamW)])
+def test_adam_and_adamw_defaults_are_torchs(ours, theirs):
+    """lr, betas, eps and weight decay (AdamW's decoupled, Adam's L2) as torch's defaults."""
+    optimizer, defaults = ours({"w": np.zeros(1)}), theirs([torch.zeros(1)]).defaults
+    decay = getattr(optimizer, "decoupled_weight_decay", optimizer.weight_decay)
+    got = (optimizer.lr, optimizer.betas, optimizer.eps, decay)
+    assert got == (defaults["lr"], defaults["betas"], defaults["eps"], defaults["weight_decay"])
+    assert decay == (0.01 if ours is AdamW else 0.0)
 
 
 def torch_adamw_without_decay_on(no_decay, lr: float, weight_decay: float):

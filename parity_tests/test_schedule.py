@@ -254,3 +254,23 @@ def test_a_finished_decaying_run_asked_for_more_steps_says_what_can_be_done(tmp_
     run_task(cfg, None, None, Checkpointing(tmp_path / "run", 4))  # saved at its last step
     with pytest.raises(InputError, match=r"^--steps 6: .*from the start. " + hint):
         resume(tmp_path / "run", None, steps=6)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "what_may_change"),
+    [
+        ("constant", "only --steps may change"),
+        ("linear", "its lr decays over its steps, so not even --steps may change"),
+    ],
+)
+def test_a_resumed_runs_conflicting_flag_says_whether_steps_may_change(
+    tmp_path, capsys, schedule, what_may_change
+):
+    from numpy_engine.cli import main
+
+    cfg = SequenceTrainConfig(steps=6, eval_every=6, schedule=schedule)
+    run_task(cfg, None, None, Checkpointing(tmp_path / "run", 4))  # saved at step 4
+    assert main(["train", "--resume", str(tmp_path / "run"), "--lr", "0.01", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--lr 0.01 conflicts with the checkpoint's lr=0.001" in err
+    assert err.endswith(f"the settings it was started with ({what_may_change})\n"), err
