@@ -353,14 +353,14 @@ def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
     from numpy_engine.train import saved_config
 
     saved = dataclasses.asdict(saved_config(args.resume, meta))  # with settings added since
-    steps = "only --steps may change"
+    what_may_change = "only --steps may change"
     if saved["schedule"] != "constant":
-        steps = "its lr decays over its steps, so not even --steps may change"
+        what_may_change = "its lr decays over its steps, so not even --steps may change"
     for name, value in given.items():
         if name != "steps" and name in saved and value != saved[name]:
             raise InputError(
                 f"{_flag(name)} {value} conflicts with the checkpoint's {name}={saved[name]}: "
-                f"a resumed run keeps the settings it was started with ({steps})"
+                f"a resumed run keeps the settings it was started with ({what_may_change})"
             )
         if name not in saved:
             raise InputError(f"{_flag(name)} does not apply to the run in {args.resume}")

@@ -121,6 +121,19 @@ def clip_coefficient(norm: float, max_norm: float):
     return coef if coef < 1.0 else None
 
 
+def arrays_spanned(piece: slice, starts: list[int]) -> list[tuple[int, int, int]]:
+    """(i, lo, hi) for each array i that the block piece of a vector spans, lo:hi the array's
+    entries inside it; starts: each array's offset in the vector, then the vector's size."""
+    i = bisect.bisect_right(starts, piece.start) - 1  # the array the block starts in
+    spanned = []
+    while starts[i] < piece.stop:
+        spanned.append(
+            (i, max(piece.start - starts[i], 0), min(piece.stop, starts[i + 1]) - starts[i])
+        )
+        i += 1
+    return spanned
+
+
 class Gradients:
     """A step's gradients read as one vector laid out like the parameters, block by block:
     the flat vector itself, or the dict loss_and_grads returns. A block inside one array is a
@@ -151,13 +164,10 @@ class Gradients:
         """Entries piece.start:piece.stop of the vector (a view, or gathered)."""
         if self.flat is not None:
             return self.flat[piece]
-        first = bisect.bisect_right(self.starts, piece.start) - 1
-        parts, i = [], first
-        while self.starts[i] < piece.stop:
-            array, start = self.arrays[i], self.starts[i]
-            lo, hi = max(piece.start - start, 0), min(piece.stop - start, array.size)
+        parts = []
+        for i, lo, hi in arrays_spanned(piece, self.starts):
+            array = self.arrays[i]
             parts.append(array if (lo, hi) == (0, array.size) else array.reshape(-1)[lo:hi])
-            i += 1
         if len(parts) == 1:
             return parts[0].reshape(-1)
         return np.concatenate(parts, axis=None, out=self.gathered[: piece.stop - piece.start])
@@ -432,14 +442,15 @@ class AdamW(Adam):
     def _decayed_parts(self) -> dict[int, list[slice] | None]:
         """For each block (by its start), the slices of it that decay: None for the whole
         block, the usual case (one pass), else the parts of it that hold decayed parameters."""
-        ends = zip(self.keys, self.starts[:-1], self.starts[1:], strict=True)
-        decayed = _joined([slice(lo, hi) for key, lo, hi in ends if key not in self.no_decay])
-        stops = [d.stop for d in decayed]
         parts: dict[int, list[slice] | None] = {}
         for piece in self.pieces:
-            inside = _spans_inside(piece, decayed, stops)
-            whole = [(s.start, s.stop) for s in inside] == [(0, piece.stop - piece.start)]
-            parts[piece.start] = None if whole else inside
+            decayed = [
+                (self.starts[i] - piece.start, lo, hi)  # the array's offset in the block
+                for i, lo, hi in arrays_spanned(piece, self.starts)
+                if self.keys[i] not in self.no_decay
+            ]
+            inside = _joined([slice(offset + lo, offset + hi) for offset, lo, hi in decayed])
+            parts[piece.start] = None if inside == [slice(0, piece.stop - piece.start)] else inside
         return parts
 
     def _update_block(self, piece, param, grad, state, scratch, constants) -> None:
@@ -452,17 +463,6 @@ class AdamW(Adam):
                 for part in parts:
                     param[part] *= factor
         super()._update_block(piece, param, grad, state, scratch, constants)
-
-
-def _spans_inside(piece: slice, spans: list[slice], stops: list[int]) -> list[slice]:
-    """The parts of spans (in order, apart; stops their ends) inside piece, as slices of it."""
-    lo, hi = piece.start, piece.stop
-    parts = []
-    i = bisect.bisect_right(stops, lo)  # the first span that ends past the piece's start
-    while i < len(spans) and spans[i].start < hi:
-        parts.append(slice(max(spans[i].start, lo) - lo, min(spans[i].stop, hi) - lo))
-        i += 1
-    return parts
 
 
 def _joined(parts: list[slice]) -> list[slice]:
