@@ -18,6 +18,7 @@ import numpy as np
 
 from numpy_engine.blocking import as_rows, in_row_blocks
 from numpy_engine.checks import InputError, InputTypeError
+from numpy_engine.faster import FasterOfTwo
 from numpy_engine.keys import with_prefix
 from numpy_engine.reductions import dot_last, mean_last, mean_leading, sum_leading
 
@@ -34,10 +35,13 @@ from numpy_engine.reductions import dot_last, mean_last, mean_leading, sum_leadi
 SMALL_WEIGHT_ENTRIES, MANY_ROWS = 4096, 64
 
 # Decoding's few rows against a weight too large to stay in L2 (GPT-2's, read from memory
-# at every token): row dots, np.vecdot. OpenBLAS's x @ W.T streamed the (50257, 768) head at
-# ~15 GB/s for one row, np.vecdot at ~27; for 2-4 rows it leaves its small-matrix kernels
-# for a packed product 2.4-3.8x one row's time. Weights that stay in cache multiply faster
-# as products (docs/performance.md, section 3).
+# at every token): row dots (np.vecdot) or the product linear_forward takes otherwise,
+# whichever is faster on this machine, timed on the first calls (FEW_ROW_PATHS). On the
+# AMD EPYC Zen 4, OpenBLAS's x @ W.T streamed the (50257, 768) head at ~15 GB/s for one row,
+# np.vecdot at ~27, and for 2-4 rows x @ W.T took 2.4-3.8x one row's time; on the Intel
+# Xeon the product streamed it at ~31 GB/s, np.vecdot at ~14, and GPT-2 decoded 27 tokens
+# a second with row dots, 52 with products (docs/performance.md, section 3). Weights that
+# stay in cache multiply faster as products on both.
 FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 
 # 2 to 64 rows against a weight of 32K entries or more (batched decoding, a prompt, a small
@@ -64,7 +68,7 @@ def linear_forward(
         return _folded_forward(x, weight, bias, affine)
     x2 = x.reshape(-1, x.shape[-1])  # (N, in): one 2-D matmul, not a batched one
     if _few_rows(len(x2), weight.shape):
-        out = _row_dots(x2, weight)
+        out = FEW_ROW_PATHS[len(x2)](x2, weight, work=len(x2) * weight.size)
     elif _some_rows(len(x2), weight.shape):
         out = _transposed_product(x2, weight)
     else:
@@ -108,6 +112,13 @@ def _product(x2: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if weight.size <= SMALL_WEIGHT_ENTRIES and len(x2) >= MANY_ROWS:
         weight_t = np.copy(weight_t, order="C")  # not np.ascontiguousarray: see call_count.py
     return x2 @ weight_t
+
+
+# Rows (1 to FEW_ROWS): row dots or the product linear_forward takes for them otherwise.
+FEW_ROW_PATHS = {
+    rows: FasterOfTwo(_row_dots, _product if rows == 1 else _transposed_product)
+    for rows in range(1, FEW_ROWS + 1)
+}
 
 
 def linear_backward(dout: np.ndarray, cache: tuple, zero_sum: slice | None = None) -> tuple:

@@ -18,7 +18,7 @@ from crosscheck.compare import (
     float64_ok,
     sensitivities,
 )
-from numpy_engine import blocks
+from numpy_engine import blocks, layers
 from numpy_engine.gradcheck import check_directions, region_at, rounding_noise
 from numpy_engine.layers import FFNCache
 
@@ -31,6 +31,13 @@ def folding_every_layernorm():
         patch.setattr(blocks, "FOLD_ROWS", 0)
         patch.setattr(blocks, "FOLD_ENTRIES", 0)
         yield
+
+
+def only_row_dots() -> dict:
+    """A layers.FEW_ROW_PATHS whose every entry takes the row dots, whichever is faster."""
+    paths = {rows: lambda x2, weight, work: layers._row_dots(x2, weight) for rows in range(1, 5)}
+    assert sorted(paths) == sorted(layers.FEW_ROW_PATHS)
+    return paths
 
 
 FD_TOLERANCE = 1e-6  # float64 central differences; we see ~1e-8 and below

@@ -24,6 +24,7 @@ from parity_tests.helpers import (
     assert_matches_torch,
     check_layer,
     folding_every_layernorm,
+    only_row_dots,
     random_visible,
 )
 from parity_tests.strategies import activations, model_widths, seeds
@@ -69,9 +70,21 @@ def test_linear_on_few_rows_as_row_dots(B, T, c_in, c_out, seed):
     rng = rng_of(seed)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(L, "LARGE_WEIGHT_ENTRIES", 1)
+        patch.setattr(L, "FEW_ROW_PATHS", only_row_dots())
         assert L._few_rows(B * T, (c_out, c_in))
         check_layer(cases.linear(rng, B, T, c_in, c_out), rng)
         check_layer(cases.linear(rng, B, T, c_in, c_out, bias=False), rng)
+
+
+def test_few_rows_are_timed_against_the_product_linear_forward_takes_otherwise():
+    """Row dots against the path linear_forward would take for as many rows without them
+    (layers.FEW_ROW_PATHS, chosen by numpy_engine.faster): x @ W.T for one row, W @ x.T for
+    two to FEW_ROWS (each a weight of LARGE_WEIGHT_ENTRIES is at least MID_WEIGHT_ENTRIES)."""
+    assert sorted(L.FEW_ROW_PATHS) == list(range(1, L.FEW_ROWS + 1))
+    assert L.LARGE_WEIGHT_ENTRIES >= L.MID_WEIGHT_ENTRIES and L.FEW_ROWS <= L.SOME_ROWS
+    for rows, chooser in L.FEW_ROW_PATHS.items():
+        otherwise = L._product if rows == 1 else L._transposed_product
+        assert chooser.paths == (L._row_dots, otherwise)
 
 
 @given(B=small, T=st.integers(2, 4), c_in=small, c_out=small, seed=seeds)
@@ -308,9 +321,9 @@ def test_blocks_fold_layernorms_only_into_small_projections_of_many_rows():
 @pytest.mark.parametrize(
     "x_shape, weight_shape, path",
     [
-        ((1, 1, 768), (50257, 768), "row dots"),  # GPT-2 decoding one sequence: the tied head
-        ((1, 1, 3072), (768, 3072), "row dots"),  # and a wide weight (fc2)
-        ((2, 2, 256), (2048, 256), "row dots"),  # 4 rows, 2**19 entries
+        ((1, 1, 768), (50257, 768), "timed"),  # GPT-2 decoding one sequence: the tied head
+        ((1, 1, 3072), (768, 3072), "timed"),  # and a wide weight (fc2)
+        ((2, 2, 256), (2048, 256), "timed"),  # 4 rows, 2**19 entries
         ((1, 5, 256), (2048, 256), "transposed"),  # 5 rows: a short prompt
         ((4, 1, 256), (2047, 256), "transposed"),  # one row of the weight short of 2**19
         ((2, 32, 768), (2304, 768), "transposed"),  # 64 rows: a prompt, a small batch
@@ -326,17 +339,23 @@ def test_linear_chooses_its_product_by_rows_and_weight_size(
 ):
     """linear_forward's rule, which only speed tells apart (layers.FEW_ROWS,
     LARGE_WEIGHT_ENTRIES, SOME_ROWS, MID_WEIGHT_ENTRIES): rows of x are counted over every
-    leading axis; at most 4 against a weight of 2**19 entries or more are row dots; 2 to 64
-    against one of 2**15 or more are W @ x.T; anything else is x @ W.T."""
+    leading axis; at most 4 against a weight of 2**19 entries or more are timed (row dots
+    or the product, FEW_ROW_PATHS); 2 to 64 against one of 2**15 or more are W @ x.T;
+    anything else is x @ W.T."""
     taken = []
     for name in ("_product", "_transposed_product"):
         chosen = getattr(L, name)
         monkeypatch.setattr(L, name, lambda x2, w, f=chosen, n=name: taken.append(n) or f(x2, w))
+    timed = {
+        rows: lambda x2, w, work, f=chooser: taken.append("timed") or f(x2, w, work=work)
+        for rows, chooser in L.FEW_ROW_PATHS.items()
+    }
+    monkeypatch.setattr(L, "FEW_ROW_PATHS", timed)
     rng = rng_of(0)
     x = rng.standard_normal(x_shape).astype(np.float32)
     weight = rng.standard_normal(weight_shape).astype(np.float32)
     out, _ = L.linear_forward(x, weight, None)
-    expected = {"row dots": [], "transposed": ["_transposed_product"], "product": ["_product"]}
+    expected = {"timed": ["timed"], "transposed": ["_transposed_product"], "product": ["_product"]}
     assert taken == expected[path]
     assert out.shape == (*x_shape[:-1], weight_shape[0]) and out.flags.c_contiguous
     np.testing.assert_allclose(out, x @ weight.T, rtol=2e-5, atol=2e-5 * math.sqrt(x_shape[-1]))
