@@ -1,8 +1,9 @@
 """The three ways layers.linear_forward multiplies x (N, in) by a weight stored (out, in),
 timed against each other on this machine, with the one the engine takes for each case:
 
-- row dots, np.vecdot(W, x[:, None, :]): at most FEW_ROWS rows against a weight of
-  LARGE_WEIGHT_ENTRIES or more (GPT-2's decoding);
+- row dots, np.vecdot(W, x[:, None, :]): timed against the path below that would be taken
+  otherwise, at most FEW_ROWS rows against a weight of LARGE_WEIGHT_ENTRIES or more (GPT-2's
+  decoding): the faster of the two on the first calls is kept ("timed", layers.FEW_ROW_PATHS);
 - transposed, W @ x.T on blocks of TRANSPOSED_OUTPUTS outputs, each copied into its columns
   of the (N, out) result: 2 to SOME_ROWS rows against a weight of MID_WEIGHT_ENTRIES or more
   (batched decoding, prompts, small batches);
@@ -42,8 +43,17 @@ MARK = 1.2  # taken / fastest past this is marked
 def taken(rows: int, weight_shape: tuple) -> str:
     """The path linear_forward takes (its own rule, layers._few_rows and _some_rows)."""
     if layers._few_rows(rows, weight_shape):
-        return "row dots"
+        return "timed"
     return "transposed" if layers._some_rows(rows, weight_shape) else "product"
+
+
+def taken_us(result: dict, place: str) -> float:
+    """Microseconds a call of the path taken; a timed one keeps the faster of its two."""
+    times = result[place]
+    if result["taken"] != "timed":
+        return times[result["taken"]]
+    chooser = layers.FEW_ROW_PATHS[result["rows"]]
+    return min(times[name] for name, path in PATHS.items() if path in chooser.paths)
 
 
 def time_paths(weight_shape: tuple, rows: int, in_cache: bool, cold_bytes: int, rng) -> dict:
@@ -80,7 +90,7 @@ def table(results: list[dict]) -> str:
         "taken / fastest (cache, memory)",
     ]
     for r in results:
-        ratios = [r[place][r["taken"]] / min(r[place].values()) for place in ("cache", "memory")]
+        ratios = [taken_us(r, place) / min(r[place].values()) for place in ("cache", "memory")]
         marks = " ".join(f"{ratio:5.2f}{'*' if ratio > MARK else ' '}" for ratio in ratios)
         cache = " ".join(f"{r['cache'][name]:>10.1f}" for name in names)
         memory = " ".join(f"{r['memory'][name]:>10.1f}" for name in names)

@@ -552,8 +552,8 @@ def test_linear_paths_times_each_path_and_names_the_one_linear_forward_takes(mon
         ((8, 4), 1, "product"),
         ((8, 4), 3, "product"),
         ((8, 4), 9, "product"),
-        ((2048, 256), 1, "row dots"),  # 2**19 entries
-        ((2048, 256), 3, "row dots"),
+        ((2048, 256), 1, "timed"),  # 2**19 entries
+        ((2048, 256), 3, "timed"),
         ((2048, 256), 9, "transposed"),
     ]
     times = [t for r in results for place in ("cache", "memory") for t in r[place].values()]
@@ -564,6 +564,10 @@ def test_linear_paths_times_each_path_and_names_the_one_linear_forward_takes(mon
     assert lp.table([fake]).splitlines()[-1].endswith("product   1.30*  1.30*")
     fake["taken"] = "row dots"
     assert lp.table([fake]).splitlines()[-1].endswith("row dots   1.00   1.00 ")
+    fake["taken"] = "timed"  # of 2 rows: row dots against the transposed product
+    assert lp.table([fake]).splitlines()[-1].endswith("timed   1.00   1.00 ")
+    fake["rows"], fake["cache"] = 1, {"row dots": 3.0, "transposed": 2.0, "product": 2.6}
+    assert lp.table([fake]).splitlines()[-1].endswith("timed   1.30*  1.00 ")  # 1 row: product
 
 
 def test_linear_paths_cycles_its_weights_and_times_a_call_of_each(monkeypatch):
