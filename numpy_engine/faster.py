@@ -1,9 +1,10 @@
 """The faster of two ways to compute the same thing, chosen by timing real calls.
 
 Some choices of speed depend on the machine and no feature of it tells them apart: one row
-against GPT-2's weights, from memory, took OpenBLAS's matrix-vector product 10.4 ms for the
-(50257, 768) head on the AMD EPYC Zen 4 and row dots (np.vecdot) 5.6-6.0, while on the Intel
-Xeon the product took 5.0 ms and the row dots 10.9 (docs/performance.md, section 3). So
+against GPT-2's (50257, 768) head, from memory, on one thread, took OpenBLAS's
+matrix-vector product 10.4 ms on the AMD EPYC Zen 4 and row dots (np.vecdot) 5.6-6.0, while
+on the Intel Xeon the product took 9.6 ms and the row dots 10.8; on two threads there, 5.0
+and 10.9 (the row dots run on one core) (docs/performance.md, section 3). So
 such a choice is measured where it runs: on the first calls of the work itself, which meet
 the data where the work leaves it (in cache or in memory), as a separate timing would not.
 """
@@ -14,6 +15,12 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
+# Calls of each path timed before the choice: GPT-2's decoding makes 49 such calls a token
+# (four weights a block, and the head), an odd number, so the turns swap between tokens and
+# each path meets each weight in the first two. Where measured, the slower of the two took
+# 1.13x to 2.3x the faster's time (docs/performance.md, section 3).
+TRIALS = 64
 
 
 class FasterOfTwo:
@@ -27,7 +34,7 @@ class FasterOfTwo:
         self,
         first: Callable,
         second: Callable,
-        trials: int = 64,
+        trials: int = TRIALS,
         clock: Callable = time.perf_counter,
     ) -> None:
         self.paths = (first, second)
@@ -40,7 +47,8 @@ class FasterOfTwo:
 
     def __call__(self, *args, work: int) -> np.ndarray:
         """The result of the chosen path, or while choosing of the path whose turn it is;
-        `work` counts this call's units (a weight's entries), to compare calls of any size."""
+        `work` counts this call's units (rows x a weight's entries), at least 1, to compare
+        calls of any size."""
         if self.chosen is not None:
             return self.chosen(*args)
         turn = 0 if self.calls[0] <= self.calls[1] else 1
@@ -55,5 +63,5 @@ class FasterOfTwo:
 
     def faster(self) -> int:
         """0 or 1: the path that took less time per unit of work so far (0 on a tie)."""
-        per_unit = [s / max(w, 1) for s, w in zip(self.seconds, self.work, strict=True)]
+        per_unit = [s / w for s, w in zip(self.seconds, self.work, strict=True)]
         return int(per_unit[1] < per_unit[0])

@@ -39,9 +39,10 @@ SMALL_WEIGHT_ENTRIES, MANY_ROWS = 4096, 64
 # whichever is faster on this machine, timed on the first calls (FEW_ROW_PATHS). On the
 # AMD EPYC Zen 4, OpenBLAS's x @ W.T streamed the (50257, 768) head at ~15 GB/s for one row,
 # np.vecdot at ~27, and for 2-4 rows x @ W.T took 2.4-3.8x one row's time; on the Intel
-# Xeon the product streamed it at ~31 GB/s, np.vecdot at ~14, and GPT-2 decoded 27 tokens
-# a second with row dots, 52 with products (docs/performance.md, section 3). Weights that
-# stay in cache multiply faster as products on both.
+# Xeon the product streamed it at ~16 GB/s, np.vecdot at ~14, and GPT-2 decoded 25.2, 26.9
+# and 32.8 tokens a second at batch 1, 2, 4 with row dots, 28.4, 41.6 and 50.1 with the
+# products (docs/performance.md, section 3). Weights that stay in cache multiply faster as
+# products on both.
 FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 
 # 2 to 64 rows against a weight of 32K entries or more (batched decoding, a prompt, a small

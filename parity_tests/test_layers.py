@@ -346,8 +346,10 @@ def test_linear_chooses_its_product_by_rows_and_weight_size(
     for name in ("_product", "_transposed_product"):
         chosen = getattr(L, name)
         monkeypatch.setattr(L, name, lambda x2, w, f=chosen, n=name: taken.append(n) or f(x2, w))
-    timed = {
-        rows: lambda x2, w, work, f=chooser: taken.append("timed") or f(x2, w, work=work)
+    timed = {  # each notes its rows and the work it was told of: rows x the weight's entries
+        rows: lambda x2, w, work, f=chooser, r=rows: (
+            taken.append(("timed", r, work)) or f(x2, w, work=work)
+        )
         for rows, chooser in L.FEW_ROW_PATHS.items()
     }
     monkeypatch.setattr(L, "FEW_ROW_PATHS", timed)
@@ -355,7 +357,12 @@ def test_linear_chooses_its_product_by_rows_and_weight_size(
     x = rng.standard_normal(x_shape).astype(np.float32)
     weight = rng.standard_normal(weight_shape).astype(np.float32)
     out, _ = L.linear_forward(x, weight, None)
-    expected = {"timed": ["timed"], "transposed": ["_transposed_product"], "product": ["_product"]}
+    rows = math.prod(x_shape[:-1])
+    expected = {
+        "timed": [("timed", rows, rows * math.prod(weight_shape))],
+        "transposed": ["_transposed_product"],
+        "product": ["_product"],
+    }
     assert taken == expected[path]
     assert out.shape == (*x_shape[:-1], weight_shape[0]) and out.flags.c_contiguous
     np.testing.assert_allclose(out, x @ weight.T, rtol=2e-5, atol=2e-5 * math.sqrt(x_shape[-1]))
