@@ -83,7 +83,7 @@ def linear_forward(
 
 def _few_rows(rows: int, weight_shape: tuple) -> bool:
     """Whether linear_forward multiplies rows of x by a (out, in) weight as row dots."""
-    return rows <= FEW_ROWS and weight_shape[0] * weight_shape[1] >= LARGE_WEIGHT_ENTRIES
+    return 0 < rows <= FEW_ROWS and weight_shape[0] * weight_shape[1] >= LARGE_WEIGHT_ENTRIES
 
 
 def _row_dots(x2: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -324,6 +324,7 @@ def test_blocks_fold_layernorms_only_into_small_projections_of_many_rows():
         ((1, 1, 768), (50257, 768), "timed"),  # GPT-2 decoding one sequence: the tied head
         ((1, 1, 3072), (768, 3072), "timed"),  # and a wide weight (fc2)
         ((2, 2, 256), (2048, 256), "timed"),  # 4 rows, 2**19 entries
+        ((0, 1, 256), (2048, 256), "product"),  # no rows: an empty (0, out) result
         ((1, 5, 256), (2048, 256), "transposed"),  # 5 rows: a short prompt
         ((4, 1, 256), (2047, 256), "transposed"),  # one row of the weight short of 2**19
         ((2, 32, 768), (2304, 768), "transposed"),  # 64 rows: a prompt, a small batch
@@ -339,7 +340,7 @@ def test_linear_chooses_its_product_by_rows_and_weight_size(
 ):
     """linear_forward's rule, which only speed tells apart (layers.FEW_ROWS,
     LARGE_WEIGHT_ENTRIES, SOME_ROWS, MID_WEIGHT_ENTRIES): rows of x are counted over every
-    leading axis; at most 4 against a weight of 2**19 entries or more are timed (row dots
+    leading axis; 1 to 4 against a weight of 2**19 entries or more are timed (row dots
     or the product, FEW_ROW_PATHS); 2 to 64 against one of 2**15 or more are W @ x.T;
     anything else is x @ W.T."""
     taken = []
