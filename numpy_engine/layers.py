@@ -82,7 +82,8 @@ def linear_forward(
 
 
 def _few_rows(rows: int, weight_shape: tuple) -> bool:
-    """Whether linear_forward multiplies rows of x by a (out, in) weight as row dots."""
+    """Whether linear_forward multiplies rows of x by a (out, in) weight by the faster of
+    row dots and a product (FEW_ROW_PATHS)."""
     return 0 < rows <= FEW_ROWS and weight_shape[0] * weight_shape[1] >= LARGE_WEIGHT_ENTRIES
 
 
