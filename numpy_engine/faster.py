@@ -3,23 +3,22 @@
 Some choices of speed depend on the machine and no feature of it tells them apart: one row
 against GPT-2's (50257, 768) head, from memory, on one thread, took OpenBLAS's
 matrix-vector product 10.4 ms on the AMD EPYC Zen 4 and row dots (np.vecdot) 5.6-6.0, while
-on the Intel Xeon the product took 9.6 ms and the row dots 10.8; on two threads there, 5.0
-and 10.9 (the row dots run on one core) (docs/performance.md, section 3). So
-such a choice is measured where it runs: on the first calls of the work itself, which meet
-the data where the work leaves it (in cache or in memory), as a separate timing would not.
+on the Intel Xeon the product took 9.6 ms and the row dots 10.8, and on two threads there
+5.0 and 10.9, since the row dots run on one core (docs/performance.md, section 5). So such
+a choice is measured where it runs: on the first calls of the work itself, which meet the
+data where the work leaves it (in cache or in memory), as a separate timing would not.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-import numpy as np
+from typing import Any
 
 # Calls of each path timed before the choice: GPT-2's decoding makes 49 such calls a token
 # (four weights a block, and the head), an odd number, so the turns swap between tokens and
 # each path meets each weight in the first two. Where measured, the slower of the two took
-# 1.13x to 2.3x the faster's time (docs/performance.md, section 3).
+# 1.13x to 2.3x the faster's time (docs/performance.md, section 5).
 TRIALS = 64
 
 
@@ -45,7 +44,7 @@ class FasterOfTwo:
         self.calls = [0, 0]
         self.chosen: Callable | None = None
 
-    def __call__(self, *args, work: int) -> np.ndarray:
+    def __call__(self, *args, work: int) -> Any:
         """The result of the chosen path, or while choosing of the path whose turn it is;
         `work` counts this call's units (rows x a weight's entries), at least 1, to compare
         calls of any size."""

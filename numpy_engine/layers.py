@@ -36,13 +36,10 @@ SMALL_WEIGHT_ENTRIES, MANY_ROWS = 4096, 64
 
 # Decoding's few rows against a weight too large to stay in L2 (GPT-2's, read from memory
 # at every token): row dots (np.vecdot) or the product linear_forward takes otherwise,
-# whichever is faster on this machine, timed on the first calls (FEW_ROW_PATHS). On the
-# AMD EPYC Zen 4, OpenBLAS's x @ W.T streamed the (50257, 768) head at ~15 GB/s for one row,
-# np.vecdot at ~27, and for 2-4 rows x @ W.T took 2.4-3.8x one row's time; on the Intel
-# Xeon the product streamed it at ~16 GB/s, np.vecdot at ~14, and GPT-2 decoded 25.2, 26.9
-# and 32.8 tokens a second at batch 1, 2, 4 with row dots, 28.4, 41.6 and 50.1 with the
-# products (docs/performance.md, section 3). Weights that stay in cache multiply faster as
-# products on both.
+# whichever is faster on this machine, timed on the first calls (FEW_ROW_PATHS): the AMD
+# EPYC Zen 4 decoded GPT-2 faster with row dots, the Intel Xeon 1.13-1.54x faster with the
+# products (numpy_engine/faster.py; docs/performance.md, section 5). Weights that stay in
+# cache multiply faster as products on both.
 FEW_ROWS, LARGE_WEIGHT_ENTRIES = 4, 2**19
 
 # 2 to 64 rows against a weight of 32K entries or more (batched decoding, a prompt, a small
