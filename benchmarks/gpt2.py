@@ -152,7 +152,18 @@ def time_generation() -> dict:
         "engine_tokens_per_s": NEW_TOKENS / statistics.median(seconds[ours]),
         "torch_tokens_per_s": NEW_TOKENS / statistics.median(seconds[theirs]),
         "same_tokens": bool(np.array_equal(tokens[ours], tokens[theirs])),
+        "decoding_path": decoding_path(),
     }
+
+
+def decoding_path() -> str | None:
+    """How the engine's decoding multiplies its one row by the large weights in this process:
+    "row dots" or "products", whichever was timed the faster (layers.FEW_ROW_PATHS); None
+    before the choice (no weight large enough, or too few calls yet)."""
+    from numpy_engine import layers
+
+    names = {layers._row_dots: "row dots", layers._product: "products"}
+    return names.get(layers.FEW_ROW_PATHS[1].chosen)
 
 
 def memory_probe(side: str) -> None:
@@ -201,14 +212,15 @@ def table(r: dict) -> str:
             f"; peak memory engine {r['engine_peak_mb']:.0f} MB, torch {r['torch_peak_mb']:.0f} MB"
         )
     same = "the same tokens" if r["same_tokens"] else "DIFFERENT tokens"
+    path = f" (by {r['decoding_path']}, timed the faster)" if r.get("decoding_path") else ""
     return (
         f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}; {r['processor']}): engine "
         f"{r['engine_ms']:.0f} ms, transformers {r['torch_ms']:.0f} ms a training step, "
         f"ratio {r['ratio']:.3f} (the middle half of its {r['pairs']} pairs "
         f"{spread(r['ratio_middle_half'])}){memory}\n"
         f"gpt2 generation ({PROMPT}-token prompt, {NEW_TOKENS} new, greedy, KV cache): engine "
-        f"{r['engine_tokens_per_s']:.1f} tokens/s, transformers {r['torch_tokens_per_s']:.1f} "
-        f"tokens/s, {same}"
+        f"{r['engine_tokens_per_s']:.1f} tokens/s{path}, transformers "
+        f"{r['torch_tokens_per_s']:.1f} tokens/s, {same}"
     )
 
 

@@ -278,6 +278,17 @@ def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
     measured = result | dict(engine_peak_mb=2207.4, torch_peak_mb=3004.0)
     with_memory = gpt2.table(measured).splitlines()[0]
     assert with_memory == first_line + "; peak memory engine 2207 MB, torch 3004 MB"
+    assert (
+        gpt2.table(result)
+        .splitlines()[1]
+        .endswith("engine 25.8 tokens/s, transformers 23.8 tokens/s, the same tokens")
+    )
+    for path in ("row dots", "products"):  # how decoding multiplied its row, where timed
+        generation = gpt2.table(result | {"decoding_path": path}).splitlines()[1]
+        assert generation.endswith(
+            f"engine 25.8 tokens/s (by {path}, timed the faster), transformers 23.8 tokens/s, "
+            "the same tokens"
+        )
 
 
 def small_gpt2_benchmark(monkeypatch):
@@ -338,6 +349,8 @@ def test_gpt2_benchmark_generates_the_same_greedy_tokens_on_both_sides(monkeypat
     """From one 64-token prompt of batch 1, 64 new tokens a run after a 4-token warm-up;
     tokens/s from the median run."""
     import numpy_engine.generate
+    from numpy_engine import layers
+    from numpy_engine.faster import FasterOfTwo
 
     gpt2 = small_gpt2_benchmark(monkeypatch)
     asked, real_generate = [], numpy_engine.generate.generate
@@ -349,10 +362,27 @@ def test_gpt2_benchmark_generates_the_same_greedy_tokens_on_both_sides(monkeypat
     monkeypatch.setattr(numpy_engine.generate, "generate", generate)
     runs = {"ours": iter([0.5, 0.25, 1.0]), "theirs": iter([2.0, 4.0, 1.0])}
     monkeypatch.setattr(gpt2, "timed", lambda side, n: (next(runs[side.__name__]), side(n)))
+    one_row = FasterOfTwo(*layers.FEW_ROW_PATHS[1].paths)  # untimed, whatever ran before
+    monkeypatch.setitem(layers.FEW_ROW_PATHS, 1, one_row)
     result = gpt2.time_generation()
     assert asked == [((1, 64), 4)] + [((1, 64), 64)] * 3
     assert result["same_tokens"] is True
     assert result["engine_tokens_per_s"] == 128.0 and result["torch_tokens_per_s"] == 32.0
+    assert result["decoding_path"] is None  # its weights are too small for the timed paths
+
+
+def test_gpt2_benchmark_names_the_decoding_path_its_process_chose(monkeypatch):
+    """The name of whichever path layers.FEW_ROW_PATHS' one-row entry chose; None before."""
+    from benchmarks import gpt2
+    from numpy_engine import layers
+    from numpy_engine.faster import FasterOfTwo
+
+    chooser = FasterOfTwo(layers._row_dots, layers._product)
+    monkeypatch.setitem(layers.FEW_ROW_PATHS, 1, chooser)
+    assert gpt2.decoding_path() is None
+    for path, name in ((layers._row_dots, "row dots"), (layers._product, "products")):
+        chooser.chosen = path
+        assert gpt2.decoding_path() == name
 
 
 def test_gpt2_benchmark_run_measures_on_the_threads_asked_for(monkeypatch):
