@@ -369,6 +369,7 @@ def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
 
 def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     from numpy_engine import train
+    from numpy_engine.loop import check_run_config
     from numpy_engine.tasks import read_text
 
     reference = reference_run(args.task, new_model="init" not in given)
@@ -383,6 +384,7 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
         hint = f"continue it with --resume {args.out}, or give another --out"
         refuse_an_existing_checkpoint("--out", args.out, hint)
     cfg = dataclasses.replace(reference, **given)
+    check_run_config(cfg, name=_flag)  # what two flags get wrong together, named as flags
     checkpointing = None  # with --out: every --checkpoint-every steps, and when stopped
     if args.out:
         checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every)

@@ -119,33 +119,36 @@ def duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-def check_run_config(cfg) -> None:
-    """A training config's numbers, each named when it is wrong (the command line's flags
-    are checked as they are parsed; this is for a run configured from Python)."""
+def check_run_config(cfg, name: Callable[[str], str] = str) -> None:
+    """A training config's numbers, each named when it is wrong by name(key): the field
+    itself, or the command line's flag for it (its flags are checked one by one as they are
+    parsed; here what a run configured from Python may get wrong, and what two flags may
+    get wrong together: --warmup against --steps, --min-lr against --lr)."""
     counts = (("steps", 1), ("batch_size", 1), ("eval_every", 1), ("context", 1), ("seed", 0))
-    for name, least in counts:
-        if not hasattr(cfg, name):  # context: a language model's run only
+    for key, least in counts:
+        if not hasattr(cfg, key):  # context: a language model's run only
             continue
-        value = getattr(cfg, name)
+        value = getattr(cfg, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             kind = "a positive" if least else "a non-negative"
-            raise InputError(f"{name} must be {kind} int, got {value!r}")
-    for name in ("lr", "clip"):
-        value = getattr(cfg, name)
+            raise InputError(f"{name(key)} must be {kind} int, got {value!r}")
+    for key in ("lr", "clip"):
+        value = getattr(cfg, key)
         if not 0 < value < math.inf:  # False for NaN too
-            raise InputError(f"{name} must be a positive finite number, got {value}")
+            raise InputError(f"{name(key)} must be a positive finite number, got {value}")
     weight_decay = getattr(cfg, "weight_decay", 0.0)  # AdamW's runs only
     if not 0 <= weight_decay < math.inf:  # False for NaN too
-        raise InputError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
+        raise InputError(f"{name('weight_decay')} must be a finite number >= 0, got {weight_decay}")
     decayed = getattr(cfg, "weight_decay_on", "all")  # AdamW's runs only
     if decayed not in WEIGHT_DECAY_ON:
         raise InputError(
-            f"weight_decay_on must be one of {', '.join(WEIGHT_DECAY_ON)}, got {decayed!r}"
+            f"{name('weight_decay_on')} must be one of {', '.join(WEIGHT_DECAY_ON)}, "
+            f"got {decayed!r}"
         )
     holdout = getattr(cfg, "holdout", 0.0)  # a language model's run only
     if not 0 <= holdout < 1:  # False for NaN too
-        raise InputError(f"holdout must be a fraction in [0, 1), got {holdout}")
-    check_schedule(cfg)
+        raise InputError(f"{name('holdout')} must be a fraction in [0, 1), got {holdout}")
+    check_schedule(cfg, name)
 
 
 def check_loss(step: int, loss: float) -> None:

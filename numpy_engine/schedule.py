@@ -18,6 +18,7 @@ factors are its own to the last bit (parity_tests/test_schedule.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from numpy_engine.checks import InputError
 
@@ -49,20 +50,25 @@ def is_scheduled(cfg) -> bool:
     return cfg.warmup > 0 or cfg.schedule != "constant"
 
 
-def check_schedule(cfg) -> None:
-    """cfg's schedule settings, each named when it is wrong (lr and steps are checked first)."""
+def check_schedule(cfg, name: Callable[[str], str] = str) -> None:
+    """cfg's schedule settings, each named when it is wrong (lr and steps are checked first),
+    by name(field): the field itself, or the command line's flag for it."""
     if cfg.schedule not in SCHEDULES:
-        raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+        raise InputError(
+            f"{name('schedule')} must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}"
+        )
     warmup = cfg.warmup
     if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup < cfg.steps:
         raise InputError(
-            f"warmup must be an int in [0, steps={cfg.steps}): the steps whose lr rises to "
-            f"lr, got {warmup!r}"
+            f"{name('warmup')} must be an int in [0, {name('steps')}={cfg.steps}): the steps "
+            f"whose lr rises to {name('lr')}, got {warmup!r}"
         )
     if not 0 <= cfg.min_lr <= cfg.lr:  # False for NaN too
-        raise InputError(f"min_lr must be in [0, lr={cfg.lr}], got {cfg.min_lr}")
+        raise InputError(
+            f"{name('min_lr')} must be in [0, {name('lr')}={cfg.lr}], got {cfg.min_lr}"
+        )
     if cfg.min_lr and cfg.schedule == "constant":
         raise InputError(
-            f"min_lr={cfg.min_lr} is where a decaying schedule ends: give schedule "
-            "linear or cosine with it (constant keeps lr)"
+            f"{name('min_lr')}={cfg.min_lr} is where a decaying schedule ends: give "
+            f"{name('schedule')} linear or cosine with it (constant keeps {name('lr')})"
         )

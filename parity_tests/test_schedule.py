@@ -227,10 +227,19 @@ def test_a_schedule_that_cannot_run_is_refused_by_name(change, words):
     [
         (["--schedule", "cos"], "argument --schedule: must be one of constant, linear, cosine"),
         (["--warmup", "-2"], "argument --warmup: must be a non-negative integer, got -2"),
-        (["--steps", "5", "--warmup", "5"], "warmup must be an int in [0, steps=5)"),
+        (["--steps", "5", "--warmup", "5"], "--warmup must be an int in [0, --steps=5)"),
+        (
+            ["--lr", "0.01", "--schedule", "linear", "--min-lr", "0.1"],
+            "--min-lr must be in [0, --lr=0.01]",
+        ),
+        (
+            ["--min-lr", "0.0001"],
+            "--min-lr=0.0001 is where a decaying schedule ends: give --schedule linear",
+        ),
     ],
 )
 def test_the_command_line_refuses_a_bad_schedule_in_one_line(capsys, flags, words):
+    """One line that names the flags, also where two flags are wrong together."""
     try:
         status = engine_main(["train", "copy", *flags])
     except SystemExit as stopped:  # argparse's refusal of one flag
