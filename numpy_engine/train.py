@@ -326,6 +326,11 @@ def resume(
             f"the run in {out_dir} has done {meta['step']} steps of {cfg.steps}: nothing to "
             f"resume; give --steps N with N > {meta['step']} to train it further"
         )
+    if cfg.warmup >= cfg.steps:  # only a new --steps can put the warmup past the run's end
+        raise InputError(
+            f"--steps {steps}: the run in {out_dir} raises its lr over its first {cfg.warmup} "
+            f"steps (--warmup {cfg.warmup}); give --steps N with N > {cfg.warmup}"
+        )
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]
     model = checkpoint.model

@@ -179,6 +179,21 @@ def test_only_a_constant_schedules_run_takes_more_steps(tmp_path):
         assert np.array_equal(value, longer.model.params[key]), key
 
 
+def test_a_resumed_run_refuses_steps_its_warmup_would_outlast(tmp_path, capsys):
+    """A constant schedule's run takes more steps, or fewer than it was set to, but not so few
+    that its warmup would pass the end: refused by the flags, in one line."""
+    run = tmp_path / "run"
+    cfg = SequenceTrainConfig(steps=10, eval_every=10, warmup=8)
+    run_task(cfg, None, None, Checkpointing(run, 6))  # saved at step 6
+    words = f"--steps 8: the run in {run} raises its lr over its first 8 steps (--warmup 8); "
+    with pytest.raises(InputError) as refused:
+        resume(run, None, steps=8)
+    assert str(refused.value) == words + "give --steps N with N > 8"
+    assert engine_main(["train", "--resume", str(run), "--steps", "8", "--quiet"]) == 2
+    assert capsys.readouterr().err == f"numpy-engine train: error: {refused.value}\n"
+    assert resume(run, None, steps=9).history["step"][-1] == 9  # past the warmup: taken
+
+
 @given(seed=seeds, cfg=schedules())
 def test_adamw_under_the_schedule_steps_as_torch_under_transformers(seed, cfg):
     """Ten AdamW steps (weight decay 0.1: its decay is lr times it, at the step's lr) in
