@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
 from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
@@ -139,7 +139,7 @@ BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THR
 def torch_memory_probe(config: str, steps: int, threads: int) -> None:
     keep_freed_memory()  # as the engine's probe does
     torch.set_num_threads(threads)
-    with threadpool_limits(threads):
+    with workloads.on_threads(threads):
         model, _, batches, torch_optimizer_class = build(CONFIGS[config], steps)
         module = torch_model_for(model)
         del model  # the process keeps only torch's copy of the weights
@@ -159,7 +159,7 @@ def matmul_floor(cfg: Workload) -> dict:
 def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool) -> dict:
     keep_freed_memory()  # process-wide: the same allocator settings for both engines
     torch.set_num_threads(threads)
-    with threadpool_limits(threads):
+    with workloads.on_threads(threads):
         # the peak is read between the configs too: in a slow minute one reading fell to 58.4
         # GFLOP/s where others read 84, and large's step then read 88.7% of "the peak"
         peak_readings = [matmul_peak_gflops()]

@@ -128,13 +128,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     import torch
-    from threadpoolctl import threadpool_limits
 
     from numpy_engine.memory import keep_freed_memory
 
     keep_freed_memory()  # as the bench does
     torch.set_num_threads(1)
-    with threadpool_limits(1):
+    with workloads.on_threads(1):
         row = summary(measure(args.config, args.rounds))
     print(report(args.config, args.rounds, row))
     return row

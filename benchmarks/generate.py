@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
 
 import numpy_engine as ne
+from benchmarks.workloads import on_threads
 from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.cli_args import new_file_path, positive_int
 from numpy_engine.generate import generate
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = ne.MiniGPT(ne.GPTConfig(vocab_size=13, max_len=args.context, **width), seed=0)
     module = torch_model_for(model)
     prompt = np.arange(args.batch)[:, None] % 13  # (batch, 1): a different first token a row
-    with threadpool_limits(args.threads):
+    with on_threads(args.threads):
         paths = {
             "engine, KV cache": lambda: generate(model, prompt, args.tokens),
             "engine, no cache": lambda: generate(model, prompt, args.tokens, use_cache=False),

@@ -24,6 +24,7 @@ import numpy as np
 from benchmarks.workloads import (
     alternate,
     middle_half,
+    on_threads,
     paired_ratio,
     peak_rss_mb,
     processor_name,
@@ -192,11 +193,10 @@ def peak_memory_mb(side: str, threads: int) -> float:
 def run(steps: int, threads: int, memory: bool) -> dict:
     """Every GPT-2 measurement, as one dict (benchmarks/bench.py prints it with the others)."""
     import torch
-    from threadpoolctl import threadpool_limits
 
     keep_freed_memory()
     torch.set_num_threads(threads)
-    with threadpool_limits(threads):
+    with on_threads(threads):
         result = time_steps(steps, threads) | time_generation()
     result["processor"] = processor_name()
     if memory:

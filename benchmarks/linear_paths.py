@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.parse_args(argv)
-    from threadpoolctl import threadpool_limits
+    from benchmarks.workloads import on_threads
 
-    with threadpool_limits(1):
+    with on_threads(1):
         print(table(measure()))
 
 

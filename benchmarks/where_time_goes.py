@@ -334,13 +334,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown configs {unknown}; known: {', '.join(known)}")
 
     import torch
-    from threadpoolctl import threadpool_limits
 
     from numpy_engine.memory import keep_freed_memory
 
     keep_freed_memory()
     torch.set_num_threads(args.threads)
-    with threadpool_limits(args.threads):
+    with workloads.on_threads(args.threads):
         # the parts' sizes depend on the processor as much as on the code (docs/performance.md)
         threads = "one thread" if args.threads == 1 else f"{args.threads} threads"
         print(f"{threads}; {workloads.processor_name()}", flush=True)

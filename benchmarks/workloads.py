@@ -7,6 +7,7 @@ process that never imports torch, so its peak memory is the engine's own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
@@ -22,6 +23,7 @@ from numpy_engine.cli_args import positive_int
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import model_class
 from numpy_engine.optim import Adam, AdamW
+from numpy_engine.threads import set_threads, threads
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,21 @@ def build(workload: Workload, n_batches: int):
     B, length = workload.batch_size, workload.length
     batches = [kind.example_batch(model.config, rng, B, length) for _ in range(n_batches)]
     return model, workload.optimizer(model.params, lr=1e-3), batches
+
+
+@contextlib.contextmanager
+def on_threads(n: int):
+    """NumPy's BLAS and the engine's elementwise blocks (numpy_engine/threads.py) on n threads
+    for the block's time; torch's threads are the caller's to set (torch.set_num_threads)."""
+    from threadpoolctl import threadpool_limits
+
+    before = threads()
+    set_threads(n)
+    try:
+        with threadpool_limits(n):
+            yield
+    finally:
+        set_threads(before)
 
 
 def timed(fn, *args) -> tuple[float, object]:

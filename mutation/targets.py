@@ -54,15 +54,18 @@ BACKWARD_CODE = {
         "clip_grad_norm",
         "global_norm",
         "_norm_of_blocks",
+        "_block_squares",
         "_squares",
         "clip_coefficient",
         "Gradients.block",
         "Optimizer.step",
+        "Optimizer._scratches",
         "SGD._update_block",
         "Adam._step_constants",
         "Adam._update_block",
         "AdamW._update_block",
     ),
+    "numpy_engine/threads.py": ("in_chunks",),  # the optimizer's runs of blocks
     "numpy_engine/models/seq2seq.py": ("_backward", "_decode_backward", "_encode_backward"),
     "numpy_engine/models/minigpt.py": (
         "_backward",

@@ -269,12 +269,17 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _share_the_cores(ranks: int) -> None:
-    """Give each rank's BLAS cores / ranks threads: ranks on one machine each starting a
-    thread per core would oversubscribe it (measured: train char-lm on 2 ranks, 11.6 steps/s
-    against 62.6 with one thread each). threadpoolctl comes with the mpi extra."""
+    """Give each rank's BLAS and elementwise blocks (threads.py) cores / ranks threads: ranks
+    on one machine each starting a thread per core would oversubscribe it (measured: train
+    char-lm on 2 ranks, 11.6 steps/s against 62.6 with one thread each). threadpoolctl comes
+    with the mpi extra."""
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(max(1, (os.cpu_count() or 1) // ranks))
+    from numpy_engine.threads import set_threads
+
+    share = max(1, (os.cpu_count() or 1) // ranks)
+    threadpool_limits(share)
+    set_threads(share)
 
 
 def _run_train(args: argparse.Namespace, parallel) -> int:

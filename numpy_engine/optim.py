@@ -2,7 +2,8 @@
 (derived in docs/gradients.md#from-the-gradient-to-the-update-clipping-adam-adamw).
 
 A model keeps all its parameters in one vector, model.flat, with model.params its named
-views; an optimizer updates that vector block by block, each block while it is in cache:
+views; an optimizer updates that vector block by block, each block while it is in cache
+(on GPT-2's 124M parameters, a run of blocks on each of the engine's threads: threads.py):
 
     optimizer = AdamW(model.params, lr=3e-3)    # the params fix the state's layout and names
     loss, grads = model.loss_and_grads(*batch)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -30,9 +32,11 @@ from numpy_engine.blocking import slices
 from numpy_engine.checks import InputError, InputTypeError
 from numpy_engine.memory import aligned_empty, aligned_zeros
 from numpy_engine.params import unflatten
+from numpy_engine.threads import in_chunks, threads
 
 BLOCK_BYTES = 256 * 1024  # of each vector updated together (64K float32 entries)
 GATHER_WHOLE_BLOCKS = 4  # a gradients dict of at most this many blocks is gathered whole
+THREAD_BLOCKS = 8  # the fewest blocks a thread takes (threads.py): fewer run on fewer threads
 
 
 def blocks(size: int, itemsize: int) -> list[slice]:
@@ -66,23 +70,32 @@ def clip_grad_norm(flat_grads: np.ndarray, max_norm: float) -> float:
 def global_norm(flat: np.ndarray) -> float:
     """The L2 norm, block by block (see _squares: one float32 sum over many entries loses
     digits, and overflows past 1.8e19)."""
-    pieces = blocks(flat.size, flat.itemsize)
-    return _norm_of_blocks((flat[block] for block in pieces), pieces[0].stop)
+    return _norm_of_blocks(lambda piece, _: flat[piece], blocks(flat.size, flat.itemsize))
 
 
-def _norm_of_blocks(parts, block_entries: int) -> float:
-    """The L2 norm of the blocks' entries (at most block_entries each) together."""
-    wide = None  # a float64 scratch, for a block whose float32 squares leave float32's range
+def _norm_of_blocks(block: Callable[[slice, int], np.ndarray], pieces: list[slice]) -> float:
+    """The L2 norm of the vector whose entries pieces are, block(piece, thread) giving
+    each; the blocks' squares on the engine's threads (threads.py), added in block order:
+    the same bits on any number of threads."""
+
+    def chunk_squares(thread: int, chunk: list[slice]) -> list[float]:
+        return [_block_squares(block(piece, thread)) for piece in chunk]
+
     squares = 0.0
-    with np.errstate(over="ignore"):  # an overflow is seen below, and that block redone
-        for part in parts:
-            block_squares = _squares(part)
-            if part.dtype != np.float64 and not SQUARES_FLOOR <= block_squares < math.inf:
-                wide = np.empty(block_entries, np.float64) if wide is None else wide
-                np.copyto(wide[: part.size], part)
-                block_squares = float(np.dot(wide[: part.size], wide[: part.size]))
+    for chunk in in_chunks(chunk_squares, pieces, THREAD_BLOCKS):
+        for block_squares in chunk:
             squares += block_squares
     return math.sqrt(squares)
+
+
+def _block_squares(part: np.ndarray) -> float:
+    """_squares(part), redone in float64 where float32 squares leave float32's range."""
+    with np.errstate(over="ignore"):  # an overflow is seen below, and that block redone
+        squares = _squares(part)
+    if part.dtype != np.float64 and not SQUARES_FLOOR <= squares < math.inf:
+        wide = part.astype(np.float64)  # rare: an overflow, or tiny or zero entries
+        squares = float(np.dot(wide, wide))
+    return squares
 
 
 SQUARES_ROW = 256  # float32 entries squared and summed together (one BLAS sdot)
@@ -137,16 +150,17 @@ def arrays_spanned(piece: slice, starts: list[int]) -> list[tuple[int, int, int]
 class Gradients:
     """A step's gradients read as one vector laid out like the parameters, block by block:
     the flat vector itself, or the dict loss_and_grads returns. A block inside one array is a
-    view of it; a block across arrays is gathered into a scratch. On GPT-2 (124M parameters)
-    that skips a 500 MB copy a step and its buffer. A dict of at most GATHER_WHOLE_BLOCKS
-    blocks is gathered whole, once, into gathered (the optimizer's vector-sized scratch):
-    block by block, the norm and the update would each gather every spanning block."""
+    view of it; a block across arrays is gathered into the scratch row it is given. On GPT-2
+    (124M parameters) that skips a 500 MB copy a step and its buffer. A dict of at most
+    GATHER_WHOLE_BLOCKS blocks is gathered whole, once, into gathered (the optimizer's
+    vector-sized scratch, else None): block by block, the norm and the update would each
+    gather every spanning block."""
 
-    def __init__(self, grads, optimizer: Optimizer, gathered: np.ndarray) -> None:
-        self.starts, self.gathered = optimizer.starts, gathered  # starts: offsets, then size
+    def __init__(self, grads, optimizer: Optimizer, gathered: np.ndarray | None) -> None:
+        self.starts = optimizer.starts  # each array's offset, then the vector's size
         if isinstance(grads, dict):
             self.arrays, self.flat = list(grads.values()), None
-            if gathered.size == optimizer.size:  # a few blocks: gather them once, here
+            if gathered is not None:  # a few blocks: gather them once, here
                 optimizer.check_grads_dict(grads, dtypes=False)  # casting="no" checks them
                 try:
                     # axis None ravels each array; out is the scratch row
@@ -160,8 +174,9 @@ class Gradients:
             optimizer.check_vector("flat_grads", grads)
             self.flat = grads
 
-    def block(self, piece: slice) -> np.ndarray:
-        """Entries piece.start:piece.stop of the vector (a view, or gathered)."""
+    def block(self, piece: slice, scratch: np.ndarray) -> np.ndarray:
+        """Entries piece.start:piece.stop of the vector: a view, or gathered into scratch (a
+        row of at least the block's length)."""
         if self.flat is not None:
             return self.flat[piece]
         parts = []
@@ -170,7 +185,7 @@ class Gradients:
             parts.append(array if (lo, hi) == (0, array.size) else array.reshape(-1)[lo:hi])
         if len(parts) == 1:
             return parts[0].reshape(-1)
-        return np.concatenate(parts, axis=None, out=self.gathered[: piece.stop - piece.start])
+        return np.concatenate(parts, axis=None, out=scratch[: piece.stop - piece.start])
 
 
 class Optimizer:
@@ -197,12 +212,16 @@ class Optimizer:
         self.pieces = blocks(self.size, self.dtype.itemsize)
         self.block_entries = self.pieces[0].stop
         # the step's rows: two for the update's intermediates, one for a gathered or clipped
-        # gradient; allocated once, on cache lines (a step of the copy model is ~1.6 ms)
+        # gradient; allocated once, on cache lines (a step of the copy model is ~1.6 ms), and
+        # once more for each further thread the step runs on (threads.py)
         self.scratch = aligned_empty((3, self.block_entries), self.dtype)
-        # a grads dict of a few blocks is gathered once, whole: block by block, the norm and
-        # then the update would each gather every block that spans arrays (char-lm: 3 blocks)
-        few = 1 < len(self.pieces) <= GATHER_WHOLE_BLOCKS
-        self.gathered = aligned_empty(self.size, self.dtype) if few else self.scratch[2]
+        self.scratches = [self.scratch]
+        # a grads dict of a few blocks is gathered once, whole (one block: into the scratch
+        # row): block by block, the norm and then the update would each gather every block
+        # that spans arrays (char-lm: 3 blocks)
+        self.gathered = self.scratch[2] if len(self.pieces) == 1 else None
+        if 1 < len(self.pieces) <= GATHER_WHOLE_BLOCKS:
+            self.gathered = aligned_empty(self.size, self.dtype)
 
     def step(
         self,
@@ -221,11 +240,13 @@ class Optimizer:
         NaN or inf in grads, raises NonFiniteGradients before anything is updated. The norm
         finds them at no cost of its own when clipping: a training loop's guard."""
         self.check_vector("flat_params", flat_params)
-        scratch = self.scratch
         gradients = Gradients(grads, self, self.gathered)
+        scratches = self._scratches()
         norm = coef = None
         if max_grad_norm is not None or error_if_nonfinite:
-            norm = _norm_of_blocks(map(gradients.block, self.pieces), self.block_entries)
+            norm = _norm_of_blocks(
+                lambda piece, thread: gradients.block(piece, scratches[thread][2]), self.pieces
+            )
             if error_if_nonfinite and not math.isfinite(norm):
                 raise NonFiniteGradients(f"the gradients' norm is {norm}")
         if max_grad_norm is not None:
@@ -234,16 +255,27 @@ class Optimizer:
         constants = self._step_constants(coef if self.folds_clipping else None)
         scale = None if coef is None or self.folds_clipping else self.dtype.type(coef)
         state = list(self.flat_state.values())
-        for piece in self.pieces:
-            n = piece.stop - piece.start
-            grad = gradients.block(piece)
-            if scale is not None:  # clipping by a pass of its own, while the block is in cache
-                grad = np.multiply(grad, scale, out=scratch[2, :n])
-            blocks_of_state = [flat[piece] for flat in state]
-            self._update_block(
-                piece, flat_params[piece], grad, blocks_of_state, scratch[:2, :n], constants
-            )
+
+        def update(thread: int, pieces: list[slice]) -> None:  # a run of blocks, on one thread
+            scratch = scratches[thread]
+            for piece in pieces:
+                n = piece.stop - piece.start
+                grad = gradients.block(piece, scratch[2])
+                if scale is not None:  # clipping by a pass of its own, while the block is in cache
+                    grad = np.multiply(grad, scale, out=scratch[2, :n])
+                blocks_of_state = [flat[piece] for flat in state]
+                self._update_block(
+                    piece, flat_params[piece], grad, blocks_of_state, scratch[:2, :n], constants
+                )
+
+        in_chunks(update, self.pieces, THREAD_BLOCKS)
         return norm if max_grad_norm is not None else None
+
+    def _scratches(self) -> list[np.ndarray]:
+        """Three scratch rows for each thread the step runs on (see __init__)."""
+        while len(self.scratches) < threads():
+            self.scratches.append(aligned_empty((3, self.block_entries), self.dtype))
+        return self.scratches
 
     def check_vector(self, name: str, flat) -> None:
         if not isinstance(flat, np.ndarray) or flat.shape != (self.size,):

@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks import bench
+from benchmarks import bench, workloads
 from benchmarks import generate as generate_benchmark
 from benchmarks.bench import CONFIGS, flops_per_step
 from benchmarks.matmul_floor import gpt_step_matmuls
@@ -178,6 +178,19 @@ def test_bench_times_each_side_after_the_warm_up_from_its_own_steps(monkeypatch)
     assert result["torch_gflops"] == pytest.approx(flops / 10e6)
 
 
+def test_on_threads_sets_the_blas_and_the_engines_threads_and_puts_them_back():
+    from threadpoolctl import threadpool_info
+
+    from numpy_engine import threads
+
+    before = threads.threads()
+    with workloads.on_threads(before + 1):
+        assert threads.threads() == before + 1
+        blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+        assert blas and set(blas) == {before + 1}
+    assert threads.threads() == before
+
+
 def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeypatch):
     """bench.run with its measurements replaced by recorders: large times a fifth of the
     steps (at least 3), the warm-up at most the steps; every measurement on the threads
@@ -190,8 +203,8 @@ def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeyp
     monkeypatch.setattr(bench.torch, "set_num_threads", lambda n: asked.append(("torch", n)))
 
     @contextlib.contextmanager
-    def threadpool_limits(n):
-        asked.append(("blas", n))
+    def on_threads(n):
+        asked.append(("threads", n))
         yield
 
     def time_config(cfg, steps, warmup, threads):
@@ -202,7 +215,7 @@ def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeyp
         asked.append((name, engine, steps, threads))
         return 1.5
 
-    monkeypatch.setattr(bench, "threadpool_limits", threadpool_limits)
+    monkeypatch.setattr(bench.workloads, "on_threads", on_threads)
     monkeypatch.setattr(bench, "time_config", time_config)
     monkeypatch.setattr(bench, "peak_memory_mb", peak_memory_mb)
     readings = iter([40.0, 50.0, 45.0] * 3)  # before copy, after it, after large; each run
@@ -215,7 +228,7 @@ def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeyp
         assert asked == [
             "keep_freed_memory",
             ("torch", 2),
-            ("blas", 2),
+            ("threads", 2),
             ("copy", steps, 5, 2),
             ("large", large_steps, min(5, large_steps), 2),
             ("copy", "engine", 5, 2),
@@ -391,7 +404,6 @@ def test_gpt2_benchmark_run_measures_on_the_threads_asked_for(monkeypatch):
     memory probed only when asked."""
     import contextlib
 
-    import threadpoolctl
     import torch
 
     from benchmarks import gpt2
@@ -399,10 +411,10 @@ def test_gpt2_benchmark_run_measures_on_the_threads_asked_for(monkeypatch):
     asked = []
 
     @contextlib.contextmanager
-    def threadpool_limits(n):
-        asked.append(("blas", n))
+    def on_threads(n):
+        asked.append(("threads", n))
         yield
-        asked.append(("blas done", n))
+        asked.append(("threads done", n))
 
     def time_steps(steps, threads):
         asked.append(("steps", steps, threads))
@@ -418,13 +430,13 @@ def test_gpt2_benchmark_run_measures_on_the_threads_asked_for(monkeypatch):
 
     monkeypatch.setattr(gpt2, "keep_freed_memory", lambda: asked.append("keep_freed_memory"))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: asked.append(("torch", n)))
-    monkeypatch.setattr(threadpoolctl, "threadpool_limits", threadpool_limits)
+    monkeypatch.setattr(gpt2, "on_threads", on_threads)
     monkeypatch.setattr(gpt2, "time_steps", time_steps)
     monkeypatch.setattr(gpt2, "time_generation", time_generation)
     monkeypatch.setattr(gpt2, "peak_memory_mb", peak_memory_mb)
     monkeypatch.setattr(gpt2, "processor_name", lambda: "Some CPU, 2 cores")
-    timed = ["keep_freed_memory", ("torch", 2), ("blas", 2), ("steps", 20, 2), "generation"]
-    timed.append(("blas done", 2))
+    timed = ["keep_freed_memory", ("torch", 2), ("threads", 2), ("steps", 20, 2), "generation"]
+    timed.append(("threads done", 2))
     result = gpt2.run(20, 2, memory=False)
     assert asked == timed
     assert result == {"ratio": 0.8, "same_tokens": True, "processor": "Some CPU, 2 cores"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from unittest import mock
 
 import numpy as np
@@ -18,7 +19,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from crosscheck.compare import compare
-from numpy_engine import optim
+from numpy_engine import optim, threads
 from numpy_engine.checks import InputError
 from numpy_engine.optim import SGD, Adam, AdamW, clip_grad_norm, no_decay_keys
 from numpy_engine.params import flatten, unflatten
@@ -404,11 +405,86 @@ def test_a_block_ending_inside_a_one_row_array_gathers_every_array_it_spans():
     np.testing.assert_array_equal(flat, twin)
 
 
-@pytest.mark.parametrize("block_entries, gathers", [(14, 1), (7, 1), (6, 2)])  # 2, 4, 5 blocks
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_step_on_several_threads_is_the_one_thread_step_bit_for_bit(kind, dtype):
+    """26 entries in blocks of 3 (9 blocks, three of them across two arrays) and at least two
+    blocks a thread: on 3 threads each takes a run of blocks (gathering those across arrays
+    into its own scratch), and params, moments and norms are one thread's bits, clipped or
+    not; a NaN in a helper's blocks stops the step before anything moves."""
+    make = {
+        "sgd": lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+        "adam": lambda p: Adam(p, lr=0.01, weight_decay=0.01),
+        "adamw": lambda p: AdamW(p, lr=0.01),
+    }[kind]
+    rng = np.random.default_rng(0)
+    flat, params = random_params(rng)
+    flat = flat.astype(dtype)
+    params, twin = unflatten(flat, params), flat.copy()
+    with mock.patch.multiple(optim, BLOCK_BYTES=3 * flat.itemsize, GATHER_WHOLE_BLOCKS=1):
+        threaded, single = make(params), make(unflatten(twin, params))
+    ran_on, block = set(), optim.Gradients.block
+
+    def recorded(gradients, piece, scratch):
+        ran_on.add(threading.get_ident())
+        return block(gradients, piece, scratch)
+
+    two_blocks_a_thread = mock.patch.object(optim, "THREAD_BLOCKS", 2)
+    before = threads.threads()
+    try:
+        for scale in (5.0, 0.01, 5.0):  # clipped, not clipped, clipped
+            grads = {
+                k: (scale * rng.standard_normal(v.shape)).astype(dtype) for k, v in params.items()
+            }
+            threads.set_threads(1)
+            norm = single.step(twin, grads, max_grad_norm=0.5)
+            threads.set_threads(3)
+            with mock.patch.object(optim.Gradients, "block", recorded), two_blocks_a_thread:
+                assert threaded.step(flat, grads, max_grad_norm=0.5) == norm
+            np.testing.assert_array_equal(flat, twin)
+            for name, moment in threaded.flat_state.items():
+                np.testing.assert_array_equal(moment, single.flat_state[name])
+        assert threading.get_ident() in ran_on and len(ran_on) > 1  # the caller and helpers
+        grads["e"][-1, -1] = np.nan  # in the last block: the third thread's
+        kept = flat.copy(), {k: v.copy() for k, v in threaded.flat_state.items()}
+        with pytest.raises(optim.NonFiniteGradients, match="norm is nan"), two_blocks_a_thread:
+            threaded.step(flat, grads, max_grad_norm=0.5, error_if_nonfinite=True)
+        np.testing.assert_array_equal(flat, kept[0])
+        assert threaded.step_count == 3
+    finally:
+        threads.set_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("max_norm", "error_if_nonfinite", "reads"),
+    [(None, False, 9), (None, True, 18), (1.0, False, 18)],
+)
+def test_a_step_reads_each_gradient_block_once_unless_it_takes_the_norm(
+    max_norm, error_if_nonfinite, reads
+):
+    """26 entries in 9 blocks of 3: the update reads each block once, and the norm (for
+    clipping, or to find a NaN) once more; a step that needs no norm takes none."""
+    flat, params = random_params(np.random.default_rng(0))
+    with mock.patch.multiple(optim, BLOCK_BYTES=8 * 3, GATHER_WHOLE_BLOCKS=1):
+        optimizer = AdamW(params, lr=0.01)
+    grads = {key: np.ones_like(value) for key, value in params.items()}
+    read, block = [], optim.Gradients.block
+
+    def counted(gradients, piece, scratch):
+        read.append(piece)
+        return block(gradients, piece, scratch)
+
+    with mock.patch.object(optim.Gradients, "block", counted):
+        optimizer.step(flat, grads, max_grad_norm=max_norm, error_if_nonfinite=error_if_nonfinite)
+    assert len(read) == reads
+
+
+@pytest.mark.parametrize("block_entries, gathers", [(26, 1), (14, 1), (7, 1), (6, 2)])  # 1-5 blocks
 def test_a_grads_dict_of_a_few_blocks_is_gathered_once_whole(block_entries, gathers):
-    """26 entries (w 0..12, b 12..16, e 16..26) in 2 to GATHER_WHOLE_BLOCKS (4) blocks: one
-    np.concatenate of the whole dict a step. In 5 blocks of 6, block by block: the one block
-    that spans arrays, 12..18, is gathered for the norm and again for the update."""
+    """26 entries (w 0..12, b 12..16, e 16..26) in 1 to GATHER_WHOLE_BLOCKS (4) blocks: one
+    np.concatenate of the whole dict a step (one block: into the scratch row). In 5 blocks
+    of 6, block by block: the one block that spans arrays, 12..18, is gathered for the norm
+    and again for the update."""
     flat, params = random_params(np.random.default_rng(0))
     with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
         optimizer = AdamW(params, lr=0.01)
