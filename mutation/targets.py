@@ -62,6 +62,7 @@ BACKWARD_CODE = {
         "Optimizer._scratches",
         "SGD._update_block",
         "Adam._step_constants",
+        "Adam._l2_term",
         "Adam._update_block",
         "AdamW._update_block",
     ),

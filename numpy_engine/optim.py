@@ -384,6 +384,9 @@ class Adam(Optimizer):
     p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
     (computed block by block, each block while it is in cache; see Optimizer.step)
     weight_decay here is L2 (added to g), as torch.optim.Adam; AdamW decouples it.
+
+    no_decay: keys of parameters the decay leaves alone, as torch's optimizer with those in a
+    param group of weight_decay 0 (e.g. no_decay_keys(params): biases and layernorms).
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
@@ -395,9 +398,39 @@ class Adam(Optimizer):
         betas=(0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        no_decay=(),
     ):
         super().__init__(params, lr)
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        unknown = set(no_decay) - set(self.keys)
+        if unknown:
+            raise InputError(f"no_decay names no parameter: {sorted(unknown)}")
+        self.no_decay = frozenset(no_decay)
+        self.decayed = self._decayed_parts()
+
+    def _decayed_parts(self) -> dict[int, list[slice] | None]:
+        """For each block (by its start), the slices of it that decay: None for the whole
+        block, the usual case (one pass), else the parts of it that hold decayed parameters."""
+        parts: dict[int, list[slice] | None] = {}
+        for piece in self.pieces:
+            decayed = [
+                (self.starts[i] - piece.start, lo, hi)  # the array's offset in the block
+                for i, lo, hi in arrays_spanned(piece, self.starts)
+                if self.keys[i] not in self.no_decay
+            ]
+            inside = _joined([slice(offset + lo, offset + hi) for offset, lo, hi in decayed])
+            parts[piece.start] = None if inside == [slice(0, piece.stop - piece.start)] else inside
+        return parts
+
+    def _l2_term(self, piece: slice, param, out) -> None:
+        """weight_decay * param into out where the block's parameters decay, 0 elsewhere."""
+        parts = self.decayed[piece.start]
+        if parts is None:
+            np.multiply(param, self.weight_decay, out=out)
+            return
+        out[...] = 0.0
+        for part in parts:
+            np.multiply(param[part], self.weight_decay, out=out[part])
 
     folds_clipping = True
 
@@ -428,7 +461,7 @@ class Adam(Optimizer):
         m, v = state
         tmp, work = scratch
         if self.weight_decay:  # L2: c g + weight_decay * param, formed once (both moments read it)
-            np.multiply(param, self.weight_decay, out=work)
+            self._l2_term(piece, param, work)
             if grad_scale is not None:  # clipped: c g first (the factors hold no c here)
                 work += np.multiply(grad, grad_scale, out=tmp)
             else:
@@ -451,8 +484,7 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """Adam with decoupled weight decay: p *= 1 - lr * wd before the Adam step.
 
-    no_decay: keys of parameters the decay leaves alone, as torch.optim.AdamW with those in a
-    param group of weight_decay 0 (e.g. no_decay_keys(params): biases and layernorms)."""
+    no_decay: as Adam's, for the decoupled decay."""
 
     def __init__(
         self,
@@ -463,27 +495,8 @@ class AdamW(Adam):
         weight_decay: float = 0.01,
         no_decay=(),
     ):
-        super().__init__(params, lr, betas, eps, weight_decay=0.0)
+        super().__init__(params, lr, betas, eps, weight_decay=0.0, no_decay=no_decay)
         self.decoupled_weight_decay = weight_decay
-        unknown = set(no_decay) - set(self.keys)
-        if unknown:
-            raise InputError(f"no_decay names no parameter: {sorted(unknown)}")
-        self.no_decay = frozenset(no_decay)
-        self.decayed = self._decayed_parts()
-
-    def _decayed_parts(self) -> dict[int, list[slice] | None]:
-        """For each block (by its start), the slices of it that decay: None for the whole
-        block, the usual case (one pass), else the parts of it that hold decayed parameters."""
-        parts: dict[int, list[slice] | None] = {}
-        for piece in self.pieces:
-            decayed = [
-                (self.starts[i] - piece.start, lo, hi)  # the array's offset in the block
-                for i, lo, hi in arrays_spanned(piece, self.starts)
-                if self.keys[i] not in self.no_decay
-            ]
-            inside = _joined([slice(offset + lo, offset + hi) for offset, lo, hi in decayed])
-            parts[piece.start] = None if inside == [slice(0, piece.stop - piece.start)] else inside
-        return parts
 
     def _update_block(self, piece, param, grad, state, scratch, constants) -> None:
         if self.decoupled_weight_decay:  # p * 1.0 would be a pass that changes nothing

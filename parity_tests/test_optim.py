@@ -129,21 +129,22 @@ def test_adam_and_adamw_defaults_are_torchs(ours, theirs):
     assert decay == (0.01 if ours is AdamW else 0.0)
 
 
-def torch_adamw_without_decay_on(no_decay, lr: float, weight_decay: float):
-    """torch.optim.AdamW over SHAPES' tensors, those named in no_decay in a param group of
-    weight_decay 0 (an empty group left out: torch refuses it)."""
+def torch_without_decay_on(torch_class, no_decay, lr: float, weight_decay: float):
+    """torch_class (torch.optim.Adam or AdamW) over SHAPES' tensors, those named in no_decay
+    in a param group of weight_decay 0 (an empty group left out: torch refuses it)."""
 
-    def make(tensors: list) -> torch.optim.AdamW:
+    def make(tensors: list) -> torch.optim.Optimizer:
         named = dict(zip(SHAPES, tensors, strict=True))
         decayed = [t for key, t in named.items() if key not in no_decay]
         plain = [t for key, t in named.items() if key in no_decay]
         groups = [{"params": decayed}, {"params": plain, "weight_decay": 0.0}]
-        return torch.optim.AdamW([g for g in groups if g["params"]], lr, weight_decay=weight_decay)
+        return torch_class([g for g in groups if g["params"]], lr, weight_decay=weight_decay)
 
     return make
 
 
 @given(
+    kind=st.sampled_from(["adam", "adamw"]),
     lr=learning_rates,
     weight_decay=st.sampled_from([0.01, 0.1]),
     no_decay=st.sets(st.sampled_from(sorted(SHAPES))),
@@ -151,25 +152,29 @@ def torch_adamw_without_decay_on(no_decay, lr: float, weight_decay: float):
     seed=seeds,
 )
 # blocks of 14 over w 0..12, b 12..16, e 16..26: each block holds decayed and undecayed entries
-@example(lr=0.01, weight_decay=0.1, no_decay={"b"}, block_entries=14, seed=0)
-@example(lr=0.01, weight_decay=0.1, no_decay={"w", "e"}, block_entries=14, seed=0)
-def test_adamw_no_decay_is_torchs_param_group_of_weight_decay_0(
-    lr, weight_decay, no_decay, block_entries, seed
+@example(kind="adamw", lr=0.01, weight_decay=0.1, no_decay={"b"}, block_entries=14, seed=0)
+@example(kind="adamw", lr=0.01, weight_decay=0.1, no_decay={"w", "e"}, block_entries=14, seed=0)
+@example(kind="adam", lr=0.01, weight_decay=0.1, no_decay={"b"}, block_entries=14, seed=0)
+@example(kind="adam", lr=0.01, weight_decay=0.1, no_decay={"w", "e"}, block_entries=14, seed=0)
+def test_no_decay_is_torchs_param_group_of_weight_decay_0(
+    kind, lr, weight_decay, no_decay, block_entries, seed
 ):
-    """The parameters no_decay names take the Adam step alone, as torch.optim.AdamW's in a
-    param group of weight_decay 0; in blocks of 1 to 30 of the 26 entries, cut between
-    decayed and undecayed parameters or not, to the same bits as in one block."""
+    """The parameters no_decay names take the Adam step alone, as torch.optim.AdamW's (or
+    Adam's, whose decay is L2) in a param group of weight_decay 0; in blocks of 1 to 30 of
+    the 26 entries, cut between decayed and undecayed parameters or not, to the same bits
+    as in one block."""
+    ours, theirs = {"adam": (Adam, torch.optim.Adam), "adamw": (AdamW, torch.optim.AdamW)}[kind]
 
     def in_blocks(params):
         with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
-            return AdamW(params, lr=lr, weight_decay=weight_decay, no_decay=no_decay)
+            return ours(params, lr=lr, weight_decay=weight_decay, no_decay=no_decay)
 
-    torch_twin = torch_adamw_without_decay_on(no_decay, lr, weight_decay)
+    torch_twin = torch_without_decay_on(theirs, no_decay, lr, weight_decay)
     run = run_both(in_blocks, torch_twin, seed)
     assert len(run[2].pieces) == -(-26 // block_entries)
     assert_state_matches(*run[:4], ["exp_avg", "exp_avg_sq"])
     whole = run_both(
-        lambda p: AdamW(p, lr=lr, weight_decay=weight_decay, no_decay=no_decay), torch_twin, seed
+        lambda p: ours(p, lr=lr, weight_decay=weight_decay, no_decay=no_decay), torch_twin, seed
     )[0]
     for key, value in run[0].items():
         np.testing.assert_array_equal(value, whole[key])
@@ -195,10 +200,11 @@ def test_adamw_decays_the_parts_of_each_block_that_hold_decayed_parameters(
     assert optimizer.decayed == parts
 
 
-def test_adamw_refuses_a_no_decay_key_that_names_no_parameter():
+@pytest.mark.parametrize("kind", [Adam, AdamW])
+def test_a_no_decay_key_that_names_no_parameter_is_refused(kind):
     _, params = random_params(np.random.default_rng(0))
     with pytest.raises(InputError, match=re.escape("no_decay names no parameter: ['bias']")):
-        AdamW(params, no_decay=["b", "bias"])
+        kind(params, no_decay=["b", "bias"])
 
 
 def test_no_decay_keys_are_every_parameter_that_is_not_a_matrix():
