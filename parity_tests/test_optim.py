@@ -461,6 +461,34 @@ def test_a_step_on_several_threads_is_the_one_thread_step_bit_for_bit(kind, dtyp
         threads.set_threads(before)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_threads_updating_real_blocks_at_once_share_no_scratch(dtype):
+    """Blocks of the real size (256 KB), long enough that three threads update theirs at the
+    same time: each thread's scratch rows are its own, so the params and moments are one
+    thread's bits (rows shared between threads would mix their blocks' intermediates)."""
+    shapes = {"a": (30_000,), "b": (100, 700), "c": (45_000,)}  # blocks across arrays
+    rng = np.random.default_rng(0)
+    flat = flatten({key: rng.standard_normal(shape) for key, shape in shapes.items()})
+    flat = flat.astype(dtype)
+    twin, like = flat.copy(), {key: np.empty(shape, dtype) for key, shape in shapes.items()}
+    threaded, single = AdamW(unflatten(flat, like), lr=0.01), AdamW(unflatten(twin, like), lr=0.01)
+    assert len(threaded.pieces) >= 3
+    before = threads.threads()
+    try:
+        for _ in range(3):
+            grads = {k: rng.standard_normal(shape).astype(dtype) for k, shape in shapes.items()}
+            threads.set_threads(1)
+            norm = single.step(twin, grads, max_grad_norm=1.0)
+            threads.set_threads(3)
+            with mock.patch.object(optim, "THREAD_BLOCKS", 1):
+                assert threaded.step(flat, grads, max_grad_norm=1.0) == norm
+            np.testing.assert_array_equal(flat, twin)
+            for name, moment in threaded.flat_state.items():
+                np.testing.assert_array_equal(moment, single.flat_state[name])
+    finally:
+        threads.set_threads(before)
+
+
 @pytest.mark.parametrize(
     ("max_norm", "error_if_nonfinite", "reads"),
     [(None, False, 9), (None, True, 18), (1.0, False, 18)],
