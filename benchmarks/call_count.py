@@ -26,6 +26,7 @@ import collections
 import numpy as np
 
 from numpy_engine.params import unflatten
+from numpy_engine.threads import set_threads, threads
 
 
 class Counted(np.ndarray):
@@ -109,18 +110,22 @@ def _counted(result):
 def calls_per_step(model, optimizer, batch, step) -> tuple[collections.Counter, list]:
     """The NumPy calls of step(model, optimizer, batch), by name, and its matrix products
     (Counted.products), on a Counted copy of the model's parameter vector and of the batch
-    (the model's own vector is put back after)."""
-    flat, params = model.flat, model.params
+    (the model's own vector is put back after). The engine's elementwise blocks run on one
+    thread meanwhile: Counted's tallies are the class's, and helper threads making calls at
+    the same time would miscount them (the same calls, on one thread)."""
+    flat, params, engine_threads = model.flat, model.params, threads()
     model.flat = flat.copy().view(Counted)
     model.params = unflatten(model.flat, params)
     Counted.calls.clear()
     Counted.products.clear()
     if Counted.tape is not None:  # recorded_step's: from here on, as the counts
         Counted.tape.clear()
+    set_threads(1)
     try:
         step(model, optimizer, tuple(np.asarray(x).view(Counted) for x in batch))
     finally:
         model.flat, model.params = flat, params
+        set_threads(engine_threads)
     return collections.Counter(Counted.calls), list(Counted.products)
 
 

@@ -65,6 +65,27 @@ def test_the_recorded_copy_step_is_the_calls_the_bench_counts():
     replay(tape)  # every call runs again
 
 
+def test_a_step_counts_the_same_calls_whatever_the_engines_threads(monkeypatch):
+    """char-lm's optimizer on three threads (a block a thread): the count is one thread's, and
+    the engine's threads are put back after."""
+    from numpy_engine import optim, threads
+
+    monkeypatch.setattr(optim, "THREAD_BLOCKS", 1)
+    model, optimizer, batches = workloads.build(workloads.WORKLOADS["char-lm"], 2)
+    workloads.engine_step(model, optimizer, batches[0])
+    before = threads.threads()
+    counts = []
+    try:
+        for n in (1, 3):
+            threads.set_threads(n)
+            calls, _ = calls_per_step(model, optimizer, batches[1], workloads.engine_step)
+            counts.append(sum(calls.values()))
+            assert threads.threads() == n
+    finally:
+        threads.set_threads(before)
+    assert counts[0] == counts[1] > 700  # char-lm's 729 today
+
+
 def test_calls_alone_times_each_run_after_a_torch_step(monkeypatch):
     """Each round: the tape's arrays put back, an untimed torch step, then the replay, torch,
     the engine step, torch, each timed, the steps on the round's batch of four; medians in
