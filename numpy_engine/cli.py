@@ -159,6 +159,13 @@ def add_train_command(commands) -> None:
         help="with --out: also save checkpoint.npz every N steps, for --resume",
     )
     train.add_argument(
+        "--keep-best",
+        action="store_true",
+        help="char-lm, lm, with --out and --holdout: also keep DIR/best/checkpoint.npz, the "
+        "weights (and tokenizer) at the evaluation of the lowest held-out loss so far, for "
+        "generate and eval",
+    )
+    train.add_argument(
         "--resume",
         metavar="DIR",
         help="continue the run whose checkpoint is in DIR (no TASK), bit for bit as if it had "
@@ -296,6 +303,8 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
             raise InputError("--plot needs --out DIR (where loss.png goes)")
     if args.checkpoint_every and not (args.out or args.resume):
         raise InputError("--checkpoint-every needs --out DIR (where the checkpoints go)")
+    if args.keep_best and not (args.out or args.resume):
+        raise InputError("--keep-best needs --out DIR (where DIR/best goes)")
     given = {name: getattr(args, name) for name in RUN_FLAGS if getattr(args, name) is not None}
     if args.resume and args.task:
         raise InputError("--resume continues a saved run: give no TASK with it")
@@ -308,7 +317,9 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
     keep_freed_memory()  # each step reuses the last one's pages (numpy_engine/memory.py)
     if args.resume:
         steps = given.get("steps")
-        run = train.resume(args.resume, stream, args.checkpoint_every, steps, parallel, checkpoint)
+        run = train.resume(
+            args.resume, stream, args.checkpoint_every, steps, parallel, checkpoint, args.keep_best
+        )
         out = args.resume
     else:
         run, out = _train_new(args, given, stream, parallel), args.out
@@ -392,7 +403,7 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     check_run_config(cfg, name=_flag)  # what two flags get wrong together, named as flags
     checkpointing = None  # with --out: every --checkpoint-every steps, and when stopped
     if args.out:
-        checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every)
+        checkpointing = train.Checkpointing(Path(args.out), args.checkpoint_every, args.keep_best)
     text = read_text(args.text) if args.text else None
     return train.run_task(cfg, text, stream, checkpointing, parallel=parallel)
 

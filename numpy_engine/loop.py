@@ -56,6 +56,7 @@ class TrainRun:
 class Checkpointing:
     out: Path
     every: int | None  # steps between checkpoints; None: only when a signal stops the run
+    keep_best: bool = False  # a language model's run: also out/BEST, its best held-out weights
 
     def make_directory(self) -> None:
         """out, made before the first step: a place where no checkpoint can be written is

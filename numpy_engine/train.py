@@ -90,6 +90,8 @@ def train_sequence_task(
     """Train (or, given a state from a checkpoint, continue training) the copy/reverse model;
     parallel: over MPI ranks and/or in micro-batches (numpy_engine/parallel.py)."""
     check_run_config(cfg)
+    if checkpointing is not None and checkpointing.keep_best:
+        raise InputError(f"--keep-best is for a language model's run (char-lm, lm), not {cfg.task}")
     task = sequence_task(cfg.task, seed=cfg.seed)
     if state is None:
         model = Seq2SeqTransformer(model_config or Seq2SeqConfig(), seed=cfg.seed)
@@ -186,6 +188,14 @@ def train_char_lm(
         return run_meta(cfg.task, cfg, state, **corpus.codec(), text=text)
 
     evaluate = _heldout_evaluation(heldout, cfg.batch_size, parallel)
+    if checkpointing is not None and checkpointing.keep_best:
+        if evaluate is None:
+            raise InputError(
+                "--keep-best keeps the weights of the lowest held-out loss: the run needs a "
+                "held-out part (--holdout FRACTION)"
+            )
+        root = parallel is None or parallel.is_root  # the one rank that writes
+        evaluate = _keeping_the_best(evaluate, checkpointing.out / BEST, corpus.codec(), root)
     timing = run_loop(
         state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
     )
@@ -202,6 +212,7 @@ def train_char_lm(
         "initial_train_loss": state.history["train_loss"][0],
         "final_train_loss": final_train_loss(state.history),
         **_heldout_result(state, heldout),
+        **_best_result(state, checkpointing),
         **timing,
         "prompt": prompt,
         "greedy_sample": sample,
@@ -237,6 +248,28 @@ def _heldout_evaluation(heldout: tuple | None, batch_size: int, parallel: DataPa
     return evaluate
 
 
+BEST = "best"  # the directory in a run's --out where --keep-best writes
+
+
+def _keeping_the_best(evaluate, out: Path, codec: dict, writes: bool):
+    """evaluate, then, at an evaluation whose held-out loss is below every earlier one of the
+    run's (a resumed run's too: they are in its history), the model's weights and tokenizer
+    written to out (writes: this process is the one that writes). generate and eval read
+    that checkpoint; it holds no optimizer state, so it resumes no run."""
+
+    def evaluate_and_keep(state: TrainState) -> str:
+        line = evaluate(state)
+        *earlier, last = [e["heldout_loss"] for e in state.history["eval"]]
+        if earlier and last >= min(earlier):
+            return line
+        if writes:
+            meta = {"step": state.step, "heldout_loss": last, **codec}
+            save_checkpoint(out, state.model, None, meta)
+        return f"{line}  best so far: kept in {out}"
+
+    return evaluate_and_keep
+
+
 def heldout_loss(
     model, windows: tuple, batch_size: int, group: OneProcess | None = None, done=None
 ) -> float:
@@ -264,6 +297,14 @@ def _heldout_result(state: TrainState, heldout: tuple | None) -> dict:
         return {}
     last = state.history["eval"][-1]["heldout_loss"]
     return {"heldout_targets": state.model.count_targets(heldout[1]), "heldout_loss": last}
+
+
+def _best_result(state: TrainState, checkpointing: Checkpointing | None) -> dict:
+    """With --keep-best: {"best": its step, held-out loss and checkpoint}; else {}."""
+    if checkpointing is None or not checkpointing.keep_best:
+        return {}
+    best = min(state.history["eval"], key=lambda e: e["heldout_loss"])  # the first of equals
+    return {"best": {**best, "checkpoint": str(checkpointing.out / BEST)}}
 
 
 def _new_language_model(cfg: CharTrainConfig, vocab_size: int):
@@ -297,6 +338,7 @@ def resume(
     steps: int | None = None,
     parallel: DataParallel | None = None,
     checkpoint: Checkpoint | None = None,
+    keep_best: bool = False,
 ) -> TrainRun:
     """Continue the run whose checkpoint is in out_dir, to its configured number of steps, or
     to `steps` (more than it has done): the same parameters, bit for bit, as a run asked for
@@ -305,7 +347,8 @@ def resume(
     checkpoint: out_dir's, when the caller has loaded it already (else it is loaded here);
     its optimizer_state is emptied as it is read into the optimizer, each array going once
     copied: kept, it would hold a second copy of the moments for the whole run (1 GB on
-    GPT-2), and whole until the last copy, it made the resumed run's peak (2472 MB, 2274 now)."""
+    GPT-2), and whole until the last copy, it made the resumed run's peak (2472 MB, 2274 now).
+    keep_best: as Checkpointing's (a setting of where the run writes, not of its training)."""
     checkpoint = load_checkpoint(out_dir) if checkpoint is None else checkpoint
     meta = checkpoint.meta
     missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
@@ -334,7 +377,7 @@ def resume(
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]
     model = checkpoint.model
-    checkpointing = Checkpointing(Path(out_dir), checkpoint_every)  # saved when stopped, too
+    checkpointing = Checkpointing(Path(out_dir), checkpoint_every, keep_best)  # saved when stopped
     optimizer = cfg.optimizer(model.params)
     optimizer.load_state_dict(checkpoint.optimizer_state, consume=True)
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])

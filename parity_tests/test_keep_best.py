@@ -1,0 +1,104 @@
+"""--keep-best: a language model's run keeps the weights of its lowest held-out loss."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from numpy_engine import train
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.cli import main
+from numpy_engine.loop import TrainState
+from numpy_engine.tasks import DEFAULT_TEXT
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_the_best_checkpoint_is_the_lowest_held_out_loss_and_eval_reads_it_again(tmp_path, capsys):
+    """30 char-lm steps evaluated every 5: best/ holds the weights of the first evaluation
+    of the lowest held-out loss, and eval of the held-out part gives that loss again."""
+    run, text = tmp_path / "run", tmp_path / "text.txt"
+    text.write_text(DEFAULT_TEXT)
+    flags = ["--steps", "30", "--eval-every", "5", "--holdout", "0.3", "--text", str(text)]
+    status, out, err = run_cli(capsys, "train", "char-lm", *flags, "--keep-best", "--out", str(run))
+    assert status == 0
+    evaluations = json.loads((run / "history.json").read_text())["eval"]
+    best = min(evaluations, key=lambda e: e["heldout_loss"])
+    assert json.loads(out)["best"] == {**best, "checkpoint": str(run / "best")}
+    kept = load_checkpoint(run / "best")
+    assert (kept.meta["step"], kept.meta["heldout_loss"]) == (best["step"], best["heldout_loss"])
+    assert kept.optimizer_state in (None, {})  # weights and tokenizer: it resumes no run
+    lines = [line for line in err.splitlines() if "best so far" in line]
+    assert lines and lines[-1].startswith(f"step {best['step']:>5}/30")
+    same = ["--holdout", "0.3", "--context", "32", "--batch-size", "32"]
+    status, out, _ = run_cli(
+        capsys, "eval", "--checkpoint", str(run / "best"), "--text", str(text), *same
+    )
+    assert status == 0 and json.loads(out)["loss"] == best["heldout_loss"]
+    status, out, _ = run_cli(
+        capsys, "generate", "--checkpoint", str(run / "best"), "--prompt", "to "
+    )
+    assert status == 0 and out.startswith("to ")
+
+
+def test_only_an_evaluation_below_every_earlier_one_is_kept(tmp_path, monkeypatch):
+    """Held-out losses 3, 2, 2, 2.5, 1 (with two from before a resume): kept at the second
+    and the fifth; a tie keeps the earlier. A rank that does not write keeps nothing."""
+    written = []
+    monkeypatch.setattr(
+        train, "save_checkpoint", lambda out, model, opt, meta: written.append(meta)
+    )
+    losses = iter([2.0, 2.5, 1.0])
+    history = {"eval": [{"step": 1, "heldout_loss": 3.0}, {"step": 2, "heldout_loss": 2.0}]}
+    state = TrainState(None, None, None, 2, history)
+
+    def evaluate(state):
+        state.history["eval"].append({"step": state.step, "heldout_loss": next(losses)})
+        return "  held-out loss"
+
+    keep = train._keeping_the_best(evaluate, tmp_path / "best", {"vocabulary": "ab"}, True)
+    lines = []
+    for step in (3, 4, 5):
+        state.step = step
+        lines.append(keep(state))
+    assert written == [{"step": 5, "heldout_loss": 1.0, "vocabulary": "ab"}]
+    assert lines[:2] == ["  held-out loss"] * 2
+    assert lines[2] == f"  held-out loss  best so far: kept in {tmp_path / 'best'}"
+    history["eval"], losses = [], iter([4.0, 3.0, 5.0, 2.0])
+    keep(state)  # a run's first evaluation is the best so far
+    assert written[-1] == {"step": 5, "heldout_loss": 4.0, "vocabulary": "ab"}
+    quiet = train._keeping_the_best(evaluate, tmp_path / "best", {}, False)
+    assert quiet(state).endswith("best so far: kept in " + str(tmp_path / "best"))  # 3.0
+    assert quiet(state) == "  held-out loss"  # 5.0
+    assert quiet(state).endswith("best so far: kept in " + str(tmp_path / "best"))  # 2.0
+    assert len(written) == 2  # the best so far, but not this rank's to write
+
+
+def test_a_run_without_keep_best_reports_no_best(tmp_path):
+    state = TrainState(None, None, None, 2, {"eval": [{"step": 2, "heldout_loss": 1.0}]})
+    assert train._best_result(state, None) == {}
+    assert train._best_result(state, train.Checkpointing(tmp_path, None)) == {}
+    kept = train._best_result(state, train.Checkpointing(tmp_path, None, keep_best=True))
+    assert kept == {"best": {"step": 2, "heldout_loss": 1.0, "checkpoint": str(tmp_path / "best")}}
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["copy", "--keep-best", "--out"], "--keep-best is for a language model's run"),
+        (["char-lm", "--keep-best", "--out"], "the run needs a held-out part (--holdout"),
+        (["char-lm", "--keep-best", "--holdout", "0.3"], "--keep-best needs --out DIR"),
+    ],
+)
+def test_keep_best_without_a_held_out_loss_or_a_place_is_refused(tmp_path, capsys, flags, words):
+    run = tmp_path / "run"
+    args = ["train", *flags, *([str(run)] if flags[-1] == "--out" else []), "--steps", "2"]
+    status, _, err = run_cli(capsys, *args)
+    assert status == 2 and words in err and err.count("\n") == 1, err
+    assert not Path(run).exists()  # refused before the run's directory was made
