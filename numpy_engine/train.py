@@ -19,7 +19,7 @@ from typing import TextIO
 
 import numpy as np
 
-from numpy_engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from numpy_engine.checkpoint import Checkpoint, load_checkpoint, resolve, save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
 from numpy_engine.generate import generate, greedy_decode
@@ -374,6 +374,8 @@ def resume(
             f"--steps {steps}: the run in {out_dir} raises its lr over its first {cfg.warmup} "
             f"steps (--warmup {cfg.warmup}); give --steps N with N > {cfg.warmup}"
         )
+    if keep_best:
+        _refuse_a_best_already_lost(Path(out_dir), meta["history"])
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]
     model = checkpoint.model
@@ -382,6 +384,19 @@ def resume(
     optimizer.load_state_dict(checkpoint.optimizer_state, consume=True)
     state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
     return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta, parallel)
+
+
+def _refuse_a_best_already_lost(out: Path, history: dict) -> None:
+    """--keep-best on resuming a run that evaluated without it: its lowest held-out loss so
+    far, which later evaluations must beat to be kept, has no weights in out/BEST."""
+    evaluations = history.get("eval", [])
+    if evaluations and not resolve(out / BEST).exists():
+        best = min(evaluations, key=lambda e: e["heldout_loss"])
+        raise InputError(
+            f"--keep-best: the run in {out} was not kept at its best so far (held-out loss "
+            f"{best['heldout_loss']:.4f} at step {best['step']}, without --keep-best): resume "
+            "it without --keep-best, or start the run again with it"
+        )
 
 
 def _refuse_other_steps(out_dir, cfg, steps: int, done: int, model) -> None:

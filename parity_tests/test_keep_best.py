@@ -102,3 +102,35 @@ def test_keep_best_without_a_held_out_loss_or_a_place_is_refused(tmp_path, capsy
     status, _, err = run_cli(capsys, *args)
     assert status == 2 and words in err and err.count("\n") == 1, err
     assert not Path(run).exists()  # refused before the run's directory was made
+
+
+def test_resuming_with_keep_best_needs_the_best_kept_so_far(tmp_path):
+    """A run that evaluated without --keep-best has no weights for its lowest held-out loss so
+    far: resuming it with --keep-best is refused, naming it. A run started with it resumes
+    with it, and its best is over both parts."""
+    from numpy_engine.configs import CharTrainConfig
+
+    cfg = CharTrainConfig(steps=10, eval_every=5, holdout=0.3)
+    plain, kept = tmp_path / "plain", tmp_path / "kept"
+    train.run_task(cfg, None, None, train.Checkpointing(plain, 10))
+    run = train.run_task(cfg, None, None, train.Checkpointing(kept, 10, keep_best=True))
+    best = min(run.history["eval"], key=lambda e: e["heldout_loss"])
+    words = f"--keep-best: the run in {plain} was not kept at its best so far (held-out loss "
+    with pytest.raises(train.InputError) as refused:
+        train.resume(plain, None, steps=15, keep_best=True)
+    assert str(refused.value).startswith(
+        words + f"{best['heldout_loss']:.4f} at step {best['step']}, without --keep-best)"
+    )
+    assert train.resume(plain, None, steps=15).history["step"][-1] == 15  # without it: on
+    resumed = train.resume(kept, None, steps=15, keep_best=True)
+    best = min(resumed.history["eval"], key=lambda e: e["heldout_loss"])
+    assert resumed.result["best"]["step"] == best["step"]
+    assert load_checkpoint(kept / "best").meta["step"] == best["step"]
+
+
+def test_resuming_a_run_without_a_holdout_with_keep_best_is_refused_as_a_new_one(tmp_path):
+    from numpy_engine.configs import CharTrainConfig
+
+    train.run_task(CharTrainConfig(steps=4), None, None, train.Checkpointing(tmp_path, 4))
+    with pytest.raises(train.InputError, match=r"the run needs a held-out part \(--holdout"):
+        train.resume(tmp_path, None, steps=6, keep_best=True)
