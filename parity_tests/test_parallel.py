@@ -114,7 +114,8 @@ def test_an_error_on_rank_0_alone_ends_every_rank(tmp_path):
 
 
 def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
-    """... its held-out evaluations too, each rank taking its share of the windows."""
+    """... its held-out evaluations too, each rank taking its share of the windows; the
+    uninterrupted run keeps its best held-out weights (--keep-best), written by rank 0."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     args = ["train", "char-lm", "--data-parallel", "--quiet", "--batch-size", "8"]
     args += ["--holdout", "0.2", "--eval-every", "10"]
@@ -134,7 +135,7 @@ def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
         2, *cli("train", "--resume", str(killed), "--steps", steps, "--data-parallel", "--quiet")
     )
     assert resumed.returncode == 0, resumed.stderr
-    result = mpiexec(2, *cli(*args, "--steps", steps, "--out", str(whole)))
+    result = mpiexec(2, *cli(*args, "--steps", steps, "--out", str(whole), "--keep-best"))
     assert result.returncode == 0, result.stderr
     a, b = load_checkpoint(killed).model.flat, load_checkpoint(whole).model.flat
     assert np.array_equal(a, b)
@@ -143,6 +144,8 @@ def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
         json.loads((run / "history.json").read_text())["eval"] for run in (killed, whole)
     ]
     assert evaluations[0] == evaluations[1] and evaluations[0][-1]["step"] == int(steps)
+    best = min(evaluations[1], key=lambda e: e["heldout_loss"])  # kept by --keep-best
+    assert load_checkpoint(whole / "best").meta["step"] == best["step"]
     # the two ranks' shares add up to every held-out window: one process's loss, to rounding
     heldout_ids = split_off_heldout(CharCorpus(DEFAULT_TEXT).ids, 0.2, 32)[1]
     windows = every_target_once(heldout_ids, 32, -100)
