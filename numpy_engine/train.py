@@ -251,6 +251,12 @@ def _heldout_evaluation(heldout: tuple | None, batch_size: int, parallel: DataPa
 BEST = "best"  # the directory in a run's --out where --keep-best writes
 
 
+def best_evaluation(evaluations: list[dict]) -> dict:
+    """The evaluation of the lowest held-out loss, the first of equal ones: the one
+    --keep-best kept."""
+    return min(evaluations, key=lambda e: e["heldout_loss"])
+
+
 def _keeping_the_best(evaluate, out: Path, codec: dict, writes: bool):
     """evaluate, then, at an evaluation whose held-out loss is below every earlier one of the
     run's (a resumed run's too: they are in its history), the model's weights and tokenizer
@@ -303,7 +309,7 @@ def _best_result(state: TrainState, checkpointing: Checkpointing | None) -> dict
     """With --keep-best: {"best": its step, held-out loss and checkpoint}; else {}."""
     if checkpointing is None or not checkpointing.keep_best:
         return {}
-    best = min(state.history["eval"], key=lambda e: e["heldout_loss"])  # the first of equals
+    best = best_evaluation(state.history["eval"])
     return {"best": {**best, "checkpoint": str(checkpointing.out / BEST)}}
 
 
@@ -374,7 +380,7 @@ def resume(
             f"--steps {steps}: the run in {out_dir} raises its lr over its first {cfg.warmup} "
             f"steps (--warmup {cfg.warmup}); give --steps N with N > {cfg.warmup}"
         )
-    if keep_best:
+    if keep_best and isinstance(cfg, CharTrainConfig):  # a sequence task's run refuses it
         _refuse_a_best_already_lost(Path(out_dir), meta["history"])
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]
@@ -391,7 +397,7 @@ def _refuse_a_best_already_lost(out: Path, history: dict) -> None:
     far, which later evaluations must beat to be kept, has no weights in out/BEST."""
     evaluations = history.get("eval", [])
     if evaluations and not resolve(out / BEST).exists():
-        best = min(evaluations, key=lambda e: e["heldout_loss"])
+        best = best_evaluation(evaluations)
         raise InputError(
             f"--keep-best: the run in {out} was not kept at its best so far (held-out loss "
             f"{best['heldout_loss']:.4f} at step {best['step']}, without --keep-best): resume "

@@ -134,3 +134,12 @@ def test_resuming_a_run_without_a_holdout_with_keep_best_is_refused_as_a_new_one
     train.run_task(CharTrainConfig(steps=4), None, None, train.Checkpointing(tmp_path, 4))
     with pytest.raises(train.InputError, match=r"the run needs a held-out part \(--holdout"):
         train.resume(tmp_path, None, steps=6, keep_best=True)
+
+
+def test_resuming_a_sequence_run_with_keep_best_says_it_is_for_language_models(tmp_path):
+    from numpy_engine.configs import SequenceTrainConfig
+
+    cfg = SequenceTrainConfig(steps=4, eval_every=2)
+    train.run_task(cfg, None, None, train.Checkpointing(tmp_path, 4))
+    with pytest.raises(train.InputError, match="^--keep-best is for a language model's run "):
+        train.resume(tmp_path, None, steps=6, keep_best=True)
