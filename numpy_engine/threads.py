@@ -8,14 +8,16 @@ results are one thread's, bit for bit: the same operations on the same blocks, a
 each block returns (the norm's squares) added in block order.
 
 Measured on the Intel Xeon (2 cores): AdamW with clipping over GPT-2's 124M float32
-parameters, alone, 379 -> 291 ms on two threads; GPT-2's training step with NumPy's BLAS
-on two threads, the engine's one or two alternating in one process, 1292 -> 1253 ms (0.978,
-12 pairs). Smaller models gain nothing (large 0.986 and 1.009, 48 blocks; char-lm's 3
-blocks stay on one thread). GELU's row blocks on two threads made the step slower (large
-1.026, char-lm 1.032): after each product OpenBLAS's threads spin for a while before they
-sleep, and a helper thread between two products competes with them (with
-OPENBLAS_THREAD_TIMEOUT=4 they sleep at once, but char-lm's step took 19.0 ms against
-15.5). So only the optimizer, which follows the backward's last product, uses them.
+parameters, alone, 379 -> 291 ms on two threads (0.809 in `python -m
+benchmarks.optimizer_threads`, which alternates it with torch's AdamW on two threads);
+GPT-2's training step with NumPy's BLAS on two threads, the engine's one or two
+alternating in one process, 1292 -> 1253 ms (0.978, 12 pairs). Smaller models gain
+nothing (large 0.986 and 1.009, 48 blocks; char-lm's 3 blocks stay on one thread). GELU's
+row blocks on two threads made the step slower (large 1.026, char-lm 1.032): after each
+product OpenBLAS's threads spin for a while before they sleep, and a helper thread between
+two products competes with them (with OPENBLAS_THREAD_TIMEOUT=4 they sleep at once, but
+char-lm's step took 19.0 ms against 15.5). So only the optimizer, which follows the
+backward's last product, uses them.
 
 How many threads: set_threads(n), or by default the number NumPy's BLAS is told to start
 (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS) where that is set, else the cores this process

@@ -191,6 +191,40 @@ def test_on_threads_sets_the_blas_and_the_engines_threads_and_puts_them_back():
     assert threads.threads() == before
 
 
+def test_optimizer_threads_times_each_side_in_turn_and_checks_the_engines_bits():
+    """A small vector (5 blocks), two threads at two blocks a thread: each side timed once a
+    round, and the engine's one- and two-thread runs end on the same bits."""
+    from unittest import mock
+
+    from benchmarks import optimizer_threads
+    from numpy_engine import optim, threads
+
+    before = threads.threads()
+    with mock.patch.object(optim, "THREAD_BLOCKS", 2):
+        result = optimizer_threads.measure(5 * 65536, 2, 3)
+    assert threads.threads() == before
+    names = ["engine, 1 thread", "engine, 2 threads", "torch, 2 threads"]
+    assert list(result["seconds"]) == names and result["same bits"] is True
+    assert all(len(times) == 3 and min(times) > 0 for times in result["seconds"].values())
+
+
+def test_optimizer_threads_reports_each_median_and_their_ratios():
+    from benchmarks import optimizer_threads
+
+    seconds = {"engine, 1 thread": [0.4, 0.5, 0.3], "engine, 2 threads": [0.2, 0.3, 0.1]}
+    seconds["torch, 2 threads"] = [0.8, 0.8, 0.9]
+    report = optimizer_threads.report(1000, 2, 3, {"seconds": seconds, "same bits": True})
+    assert report.splitlines() == [
+        "AdamW with clipping, 1,000 float32 parameters, median of 3 rounds:",
+        "  engine, 1 thread         400.0 ms",
+        "  engine, 2 threads        200.0 ms",
+        "  torch, 2 threads         800.0 ms",
+        "  engine 2 threads / engine 1 thread: 0.500",
+        "  engine 2 threads / torch 2 threads: 0.250",
+        "  the engine's two runs ended on the same bits: True",
+    ]
+
+
 def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeypatch):
     """bench.run with its measurements replaced by recorders: large times a fifth of the
     steps (at least 3), the warm-up at most the steps; every measurement on the threads
@@ -783,6 +817,12 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
         ("generate", ["--tokens", "-3"], "argument --tokens: must be a positive integer, got -3"),
         ("generate", ["--json", "/"], "argument --json: '/' is a directory, not a file"),
         ("linear_paths", ["64"], "unrecognized arguments: 64"),
+        (
+            "optimizer_threads",
+            ["--threads", "0"],
+            "argument --threads: must be a positive integer, got 0",
+        ),
+        ("optimizer_threads", ["--size", "x"], "argument --size: invalid positive_int value"),
     ],
 )
 def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, capsys):
