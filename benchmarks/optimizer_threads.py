@@ -30,8 +30,9 @@ FLUSH_BYTES = 64 << 20
 
 
 def measure(size: int, threads: int, rounds: int) -> dict:
-    """Seconds of each side's step, each round in turn, and whether the engine's two
-    parameter vectors ended equal."""
+    """Seconds of each side's step, each round in turn, whether the engine's two parameter
+    vectors ended equal, and what each side did (its steps, torch's and the engine's
+    parameters: the same updates to float32 rounding)."""
     import torch
 
     rng = np.random.default_rng(0)
@@ -65,7 +66,13 @@ def measure(size: int, threads: int, rounds: int) -> dict:
                 step()  # untimed: the other side's idle threads have gone back to sleep
                 flush.sum()  # the caches hold other data, as after a backward
                 seconds[name].append(timed(step)[0])
-    return {"seconds": seconds, "same bits": bool(np.array_equal(one, many))}
+    return {
+        "seconds": seconds,
+        "same bits": bool(np.array_equal(one, many)),
+        "steps": {"engine": [o.step_count for o in optimizers.values()]},
+        "torch": {"steps": int(torch_adamw.state[tensor]["step"]), "params": tensor.detach()},
+        "engine params": one,
+    }
 
 
 def report(size: int, threads: int, rounds: int, result: dict) -> str:

@@ -191,21 +191,49 @@ def test_on_threads_sets_the_blas_and_the_engines_threads_and_puts_them_back():
     assert threads.threads() == before
 
 
-def test_optimizer_threads_times_each_side_in_turn_and_checks_the_engines_bits():
-    """A small vector (5 blocks), two threads at two blocks a thread: each side timed once a
-    round, and the engine's one- and two-thread runs end on the same bits."""
-    from unittest import mock
+def test_optimizer_threads_times_each_side_in_turn_and_checks_the_engines_bits(monkeypatch):
+    """1M entries (16 blocks, 8 a thread at two threads; a gradient norm of ~1, clipped):
+    each side a step untimed then one timed a round, the engine on one thread then on two,
+    torch on two; the engine's runs end on the same bits, and torch's AdamW after its
+    clip_grad_norm_ on the engine's parameters to float32 rounding."""
+    import torch
 
     from benchmarks import optimizer_threads
-    from numpy_engine import optim, threads
+    from numpy_engine import threads
 
+    engine_threads, torch_threads = [], []
+    monkeypatch.setattr(
+        optimizer_threads,
+        "set_threads",
+        lambda n: engine_threads.append(n) or threads.set_threads(n),
+    )
+    monkeypatch.setattr(torch, "set_num_threads", torch_threads.append)
     before = threads.threads()
-    with mock.patch.object(optim, "THREAD_BLOCKS", 2):
-        result = optimizer_threads.measure(5 * 65536, 2, 3)
-    assert threads.threads() == before
+    result = optimizer_threads.measure(1 << 20, 2, 3)
+    assert threads.threads() == before and torch_threads == [2]
+    assert engine_threads == [1, 2, 2] * 3
     names = ["engine, 1 thread", "engine, 2 threads", "torch, 2 threads"]
     assert list(result["seconds"]) == names and result["same bits"] is True
     assert all(len(times) == 3 and min(times) > 0 for times in result["seconds"].values())
+    assert result["steps"]["engine"] == [6, 6] and result["torch"]["steps"] == 6
+    ours, theirs = result["engine params"], result["torch"]["params"].numpy()
+    assert np.abs(ours - theirs).max() <= 1e-7  # 3.7e-8 measured: float32 roundings of 0.1
+
+
+def test_optimizer_threads_main_measures_what_its_flags_say_and_prints_the_report(
+    monkeypatch, capsys
+):
+    from benchmarks import optimizer_threads
+
+    asked = []
+    seconds = {"engine, 1 thread": [0.4], "engine, 3 threads": [0.2], "torch, 3 threads": [0.8]}
+    result = {"seconds": seconds, "same bits": True}
+    monkeypatch.setattr(optimizer_threads, "measure", lambda *args: asked.append(args) or result)
+    optimizer_threads.main(["--size", "1000", "--threads", "3", "--rounds", "5"])
+    assert asked == [(1000, 3, 5)]
+    assert capsys.readouterr().out == optimizer_threads.report(1000, 3, 5, result) + "\n"
+    optimizer_threads.main([])
+    assert asked[-1] == (optimizer_threads.GPT2_PARAMETERS, 2, 8)
 
 
 def test_optimizer_threads_reports_each_median_and_their_ratios():
