@@ -73,10 +73,9 @@ def threads() -> int:
 def in_chunks(work: Callable[[int, list], Result], items: list, least: int = 1) -> list[Result]:
     """[work(i, chunk_i)]: items cut into one contiguous chunk a thread, each of at least
     `least` items (so fewer threads, or one, for fewer items), chunk 0 worked on by the
-    caller, the others by the helpers at the same time. Returns
-    when every chunk is done, with their results in order; a chunk's exception is raised
-    then, the first chunk's first. The helpers handle NumPy's floating-point errors as the
-    caller does (np.errstate)."""
+    caller, the others by the helpers at the same time. Returns when every chunk is done,
+    with their results in order; a chunk's exception is raised then, the first chunk's
+    first. The helpers handle NumPy's floating-point errors as the caller does (np.errstate)."""
     n = min(_threads, len(items) // least)
     if n <= 1:
         return [work(0, items)]
