@@ -18,6 +18,7 @@ import numpy as np
 
 from numpy_engine.blocking import slices
 from numpy_engine.checks import InputError
+from numpy_engine.dropout import dropped, dropped_copy
 from numpy_engine.keys import with_prefix
 from numpy_engine.layers import (
     input_affine_grads,
@@ -122,6 +123,7 @@ class AttentionCache(NamedTuple):
     k: np.ndarray  # (B, H, Tk, hs)
     v: np.ndarray  # (B, H, Tk, hs)
     weights: np.ndarray  # (B, H, Tq, Tk), rows sum to 1, hidden entries exactly 0
+    drop: np.ndarray | None = None  # the weights' dropout mask (B, H, Tq, Tk); None: none
 
 
 GROUP_BYTES = 1 << 20  # one group's scores, (rows, H, Tq, Tk): they stay in L2 (1 MiB here)
@@ -144,12 +146,14 @@ def attention_forward(
     v: np.ndarray,
     visible: np.ndarray | None,
     out: np.ndarray | None = None,
+    drop: np.ndarray | None = None,
 ) -> tuple:
     """y = softmax(q k^T / sqrt(hs), hidden keys at -inf) v, (B, H, Tq, hs), written into out
     if given (e.g. split_heads of the (B, Tq, C) array the heads are merged into: the product
     writes the merged layout itself, no copy after). Past WHOLE_BYTES of scores, a group of
     batch rows at a time (batch_groups); the weights are kept whole, for the backward and
-    the study commands."""
+    the study commands. drop: a dropout mask (B, H, Tq, Tk) on the weights (dropout.py):
+    y = (weights * drop) v; the cache keeps the weights before it, and the mask."""
     shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Tq, Tk)
     hidden = None
     if visible is not None and _is_shared_causal(visible):
@@ -162,7 +166,8 @@ def attention_forward(
     groups = batch_groups(shape, q.itemsize)
     if len(groups) == 1:
         weights = _weights(q, k, hidden)
-        return np.matmul(weights, v, out=out), AttentionCache(q, k, v, weights)
+        y = np.matmul(dropped_copy(weights, drop), v, out=out)
+        return y, AttentionCache(q, k, v, weights, drop)
     weights = np.empty(shape, np.result_type(q, k))
     if out is None:
         out = np.empty((*shape[:-1], v.shape[-1]), np.result_type(weights, v))
@@ -170,8 +175,9 @@ def attention_forward(
     for g in groups:
         group_hidden = hidden[g] if per_row else hidden
         _weights(q[g], k[g], group_hidden, out=weights[g])
-        np.matmul(weights[g], v[g], out=out[g])
-    return out, AttentionCache(q, k, v, weights)
+        group_drop = None if drop is None else drop[g]
+        np.matmul(dropped_copy(weights[g], group_drop), v[g], out=out[g])
+    return out, AttentionCache(q, k, v, weights, drop)
 
 
 def score_scale(x: np.ndarray) -> float:
@@ -245,17 +251,18 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None 
     if out is None:
         out = tuple(np.empty(x.shape, np.result_type(dy, x)) for x in cache[:3])
     for g in groups:
-        _group_backward(dy[g], *(x[g] for x in cache), out=tuple(d[g] for d in out))
+        group = (None if x is None else x[g] for x in cache)  # a mask of None stays None
+        _group_backward(dy[g], *group, out=tuple(d[g] for d in out))
     return out
 
 
-def _group_backward(dy, q, k, v, weights, out: tuple | None = None) -> tuple:
+def _group_backward(dy, q, k, v, weights, drop=None, out: tuple | None = None) -> tuple:
     """(dq, dk, dv) of a group of batch rows, into out's three arrays if given."""
     dq, dk, dv = (None, None, None) if out is None else out
-    # forward was y = weights @ v; dweights is taken times s = 1/sqrt(hs), so the softmax's
-    # backward (linear in dweights) gives s dscores, which is what dq and dk need
-    s_dweights = dy @ scaled_transpose(v)  # (n, H, Tq, Tk)
-    dv = np.matmul(weights.swapaxes(-1, -2), dy, out=dv)  # (n, H, Tk, hs)
+    # forward was y = (weights * drop) @ v; dweights is taken times s = 1/sqrt(hs), so the
+    # softmax's backward (linear in dweights) gives s dscores, which is what dq and dk need
+    s_dweights = dropped(dy @ scaled_transpose(v), drop)  # (n, H, Tq, Tk)
+    dv = np.matmul(dropped_copy(weights, drop).swapaxes(-1, -2), dy, out=dv)  # (n, H, Tk, hs)
     s_dscores = softmax_backward(s_dweights, weights)  # forward was weights = softmax(scores)
     # forward was scores = s q @ k^T; each row of dscores sums to zero, so dq is the same from
     # the keys less any vector they share: from their mean, nothing of it cancels in float32
@@ -372,6 +379,7 @@ def self_attention_forward(
     visible: np.ndarray | None,
     past: KeysValues | KeyValueBuffer | None = None,
     affine: tuple | None = None,
+    drop: np.ndarray | None = None,
 ) -> tuple:
     """Multi-head attention of x (B, T, C) over itself. p holds {q,k,v,out}_proj.{weight,bias}.
 
@@ -380,7 +388,8 @@ def self_attention_forward(
     its queries see past + x's keys, and keys_values(cache) is the next step's past
     (incremental decoding; there is no backward through past); a KeyValueBuffer takes x's
     keys and values in place and is the next step's past itself. affine: x's layernorm
-    scale and shift, for the stacked projection to fold in (layers.linear_forward).
+    scale and shift, for the stacked projection to fold in (layers.linear_forward). drop: a
+    dropout mask on the attention weights (attention_forward).
     """
     qkv, qkv_cache = linear_forward(x, *_qkv(p), affine)  # (B, T, 3C)
     q, k, v = split_heads(qkv, n_heads, n_parts=3)  # (B, H, T, hs) each
@@ -388,7 +397,7 @@ def self_attention_forward(
     if past is not None:
         k, v = past.extended(k, v)  # (B, H, past_length + T, hs) each
     merged, y = heads_buffer(x.shape[:-1], x.shape[-1], n_heads, 1, qkv.dtype)  # (B, T, C)
-    _, attn_cache = attention_forward(q, k, v, visible, out=y)  # y: (B, H, T, hs) views
+    _, attn_cache = attention_forward(q, k, v, visible, out=y, drop=drop)  # y: (B, H, T, hs)
     out, out_cache = linear_forward(merged, p["out_proj.weight"], p["out_proj.bias"])
     return out, SelfAttentionCache(qkv_cache, attn_cache, out_cache, n_heads, past_length)
 

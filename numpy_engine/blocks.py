@@ -19,6 +19,7 @@ from numpy_engine.attention import (
     self_attention_backward,
     self_attention_forward,
 )
+from numpy_engine.dropout import Dropout, dropped, dropped_copy, site_mask
 from numpy_engine.keys import sub
 from numpy_engine.layers import (
     ffn_backward,
@@ -81,6 +82,8 @@ class SelfBlockCache(NamedTuple):
     attn: tuple
     ln2: tuple
     ffn: tuple
+    attn_drop: np.ndarray | None = None  # dropout masks on the two sublayers' outputs
+    ffn_drop: np.ndarray | None = None
 
 
 def self_attention_block_forward(
@@ -91,29 +94,39 @@ def self_attention_block_forward(
     activation: str,
     past: KeysValues | KeyValueBuffer | None = None,
     for_backward: bool = True,
+    dropout: Dropout | None = None,
 ) -> tuple:
     """The encoder block, and under a causal mask MiniGPT's decoder-only block.
 
     h = x + attn(ln1(x)); out = h + ffn(ln2(h)). x (B, T, C) -> (B, T, C). past: the
     attention's keys and values of earlier positions (see self_attention_forward);
     keys_values(cache.attn) is the next step's. for_backward=False: decoding, whose cache
-    no backward reads (ffn_forward leaves out what only a backward needs).
+    no backward reads (ffn_forward leaves out what only a backward needs). dropout (a
+    training step's, dropout.py): on the attention weights, and on each sublayer's output
+    before it joins the residual, as GPT-2's block: h = x + drop(attn(ln1(x))).
     """
+    B, T, _ = x.shape
     xn, ln1, affine = normed(x, p, "ln1", 3 * x.shape[-1])  # into q, k, v
-    a, attn = self_attention_forward(xn, sub(p, "attn."), n_heads, visible, past, affine)
-    h = _residual(x, a)  # (B, T, C)
+    weights_drop = site_mask(dropout, "attn", (B, n_heads, T, T), xn.dtype)  # no past: training
+    a, attn = self_attention_forward(
+        xn, sub(p, "attn."), n_heads, visible, past, affine, weights_drop
+    )
+    attn_drop = site_mask(dropout, "resid", a.shape, a.dtype)
+    h = _residual(x, dropped(a, attn_drop))  # (B, T, C)
     hn, ln2, affine = normed(h, p, "ln2", len(p["ffn.fc1.bias"]))
     f, ffn = ffn_forward(hn, sub(p, "ffn."), activation, affine, for_backward)  # (B, T, C)
-    out = _residual(h, f)
-    return out, SelfBlockCache(ln1, attn, ln2, ffn)
+    ffn_drop = site_mask(dropout, "resid", f.shape, f.dtype)
+    out = _residual(h, dropped(f, ffn_drop))
+    return out, SelfBlockCache(ln1, attn, ln2, ffn, attn_drop, ffn_drop)
 
 
 def self_attention_block_backward(dout: np.ndarray, cache: SelfBlockCache) -> tuple:
     """See docs/gradients.md#residual-blocks. Returns (dx, grads keyed like p)."""
-    dhn, ffn_grads = ffn_backward(dout, cache.ffn)
+    dhn, ffn_grads = ffn_backward(dropped_copy(dout, cache.ffn_drop), cache.ffn)
     dh_ln2, ln2_grads = normed_backward(dhn, cache.ln2, ffn_grads)
     dh = _residual(dout, dh_ln2)  # h fed the skip and the FFN
-    dxn, attn_grads = self_attention_backward(dh, cache.attn)  # sums the q, k and v paths
+    # the attention's output was dropped, so is its gradient; the backward sums q, k, v paths
+    dxn, attn_grads = self_attention_backward(dropped_copy(dh, cache.attn_drop), cache.attn)
     dx_ln1, ln1_grads = normed_backward(dxn, cache.ln1, attn_grads)
     dx = _residual(dh, dx_ln1)  # x fed the skip and the attention
     return dx, _named(ln1=ln1_grads, attn=attn_grads, ln2=ln2_grads, ffn=ffn_grads)

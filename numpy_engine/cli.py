@@ -26,6 +26,7 @@ from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
     add_source_or_prompt,
+    dropout_rate,
     fraction,
     name_in,
     non_negative_float,
@@ -94,6 +95,13 @@ RUN_FLAGS = {
         "with --schedule linear or cosine: the lr they fall towards (reached one update past "
         "the last)",
         "default: 0",
+    ),
+    "dropout": (
+        dropout_rate,
+        "char-lm, lm: the rate of dropout in training steps, after the embeddings, on the "
+        "attention weights and on each sublayer's output, as GPT-2 trains (evaluation and "
+        "generation drop nothing)",
+        "default: the model's own: 0 for a new model, an imported GPT-2's from its config.json",
     ),
     "init": (
         str,

@@ -72,6 +72,14 @@ def probability(text: str) -> float:
     return value
 
 
+def dropout_rate(text: str) -> float:
+    """A dropout rate: at least 0 and below 1 (at 1 nothing is kept)."""
+    value = float(text)
+    if not 0 <= value < 1:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number strictly between 0 and 1 (a share of something: the text held out)."""
     value = float(text)

@@ -46,6 +46,9 @@ class CharTrainConfig:
     schedule: str = "constant"  # the lr's course: constant, linear or cosine (schedule.py)
     warmup: int = 0  # the first updates, whose lr rises from 0 towards lr
     min_lr: float = 0.0  # where linear and cosine decay towards
+    # every dropout site's rate in the model's training steps (dropout.py); None: the model's
+    # own rates (a new model's 0, an imported GPT-2's from its config.json)
+    dropout: float | None = None
 
     optimizer_class = AdamW  # not a field: what optimizer() makes
     # settings added since some runs were saved, with the values those runs were trained with

@@ -18,6 +18,7 @@ import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.checks import InputError
+from numpy_engine.dropout import check_rate
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.tasks import TokenizerCorpus
 
@@ -131,6 +132,11 @@ FIXED = {
 }
 
 
+# config.json's dropout rates -> the engine config's (dropout.py); transformers' default 0.1
+DROPOUT_RATES = {"embd_pdrop": "embed_dropout", "attn_pdrop": "attn_dropout"}
+DROPOUT_RATES |= {"resid_pdrop": "resid_dropout"}
+HF_DEFAULT_DROPOUT = 0.1
+
 HF_MODEL_TYPE = "gpt2"  # config.json's model_type: Hugging Face's name for the architecture
 REQUIRED = ("vocab_size", "n_embd", "n_head", "n_layer", "n_positions")  # no default here
 
@@ -149,6 +155,10 @@ def config_from_hf(hf: dict, dtype: str) -> GPT2Config:
     if missing:
         raise InputError(f"config.json has no {', '.join(missing)}")
     eos = hf.get("eos_token_id")
+    rates = {
+        ours: check_rate(theirs, hf.get(theirs, HF_DEFAULT_DROPOUT))
+        for theirs, ours in DROPOUT_RATES.items()
+    }
     return GPT2Config(
         vocab_size=hf["vocab_size"],
         d_model=hf["n_embd"],
@@ -158,6 +168,7 @@ def config_from_hf(hf: dict, dtype: str) -> GPT2Config:
         max_len=hf["n_positions"],
         dtype=dtype,
         eos_id=eos if isinstance(eos, int) and 0 <= eos < hf["vocab_size"] else None,
+        **rates,
     )
 
 
@@ -177,6 +188,7 @@ def hf_config_from_engine(cfg: GPT2Config) -> dict:
         "eos_token_id": eos,
         "tie_word_embeddings": True,
         "dtype": cfg.dtype,
+        **{theirs: getattr(cfg, ours) for theirs, ours in DROPOUT_RATES.items()},
         **FIXED,
     }
 

@@ -16,6 +16,7 @@ import numpy as np
 from numpy_engine.checkpoint import save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.configs import WEIGHT_DECAY_ON
+from numpy_engine.dropout import training_rng
 from numpy_engine.memory import check_fits
 from numpy_engine.models import Model
 from numpy_engine.optim import NonFiniteGradients, Optimizer
@@ -146,6 +147,9 @@ def check_run_config(cfg, name: Callable[[str], str] = str) -> None:
             f"{name('weight_decay_on')} must be one of {', '.join(WEIGHT_DECAY_ON)}, "
             f"got {decayed!r}"
         )
+    dropout = getattr(cfg, "dropout", None)  # a language model's run only
+    if dropout is not None and not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+        raise InputError(f"{name('dropout')} must be a number in [0, 1), got {dropout!r}")
     holdout = getattr(cfg, "holdout", 0.0)  # a language model's run only
     if not 0 <= holdout < 1:  # False for NaN too
         raise InputError(f"{name('holdout')} must be a fraction in [0, 1), got {holdout}")
@@ -168,16 +172,19 @@ def check_finite(step: int, grads: dict[str, np.ndarray]) -> None:
             )
 
 
-def guarded_loss_and_grads(model, step: int, batch: tuple) -> tuple:
+def guarded_loss_and_grads(model, step: int, batch: tuple, seed: int = 0, part: int = 0):
     """One batch's loss and gradients; an overflow or a division by zero anywhere in them is
     TrainingDiverged, naming the step and the largest parameter (a value past float's range
-    can hide in a finite loss: an infinite variance makes layernorm's output 0)."""
+    can hide in a finite loss: an infinite variance makes layernorm's output 0). A model
+    with dropout draws this step's masks from training_rng(seed, step, part): part tells a
+    step's micro-batches and ranks apart."""
+    dropout = {"dropout_rng": training_rng(seed, step, part)} if model.uses_dropout() else {}
     try:
         # not invalid="raise": OpenBLAS's kernels can set the invalid flag spuriously (seen
         # here on small float32 matmuls); a real NaN reaches the loss or a gradient, where
         # check_finite reports it
         with np.errstate(over="raise", invalid="ignore", divide="raise"):
-            loss, grads = model.loss_and_grads(*batch)
+            loss, grads = model.loss_and_grads(*batch, **dropout)
     except FloatingPointError as error:
         params = model.params
         largest = max(params, key=lambda key: float(np.max(np.abs(params[key]))))
@@ -191,15 +198,15 @@ def guarded_loss_and_grads(model, step: int, batch: tuple) -> tuple:
     return loss, grads
 
 
-def step_gradient(state: TrainState, step: int, batch: tuple, parallel):
+def step_gradient(state: TrainState, step: int, batch: tuple, parallel, seed: int = 0):
     """(loss, the gradient) of one optimizer step, the loss checked finite: directly (the
     grads dict, which the optimizer reads as it is), or (DataParallel) over ranks and
-    micro-batches (one flat vector)."""
+    micro-batches (one flat vector). seed: the run's, for dropout's masks."""
     model = state.model
     if parallel is None or parallel.plain:
-        return guarded_loss_and_grads(model, step, batch)
+        return guarded_loss_and_grads(model, step, batch, seed)
     loss, flat_grads = parallel.gradient(
-        model, batch, lambda micro: guarded_loss_and_grads(model, step, micro)
+        model, batch, lambda micro, part: guarded_loss_and_grads(model, step, micro, seed, part)
     )
     check_loss(step, loss)  # a NaN summed in from a rank
     return loss, flat_grads
@@ -220,12 +227,12 @@ def guarded_update(state: TrainState, step: int, grads, clip: float) -> float:
         raise TrainingDiverged(f"step {step}: {error}; stopped before updating") from None
 
 
-def _train_step(state: TrainState, step: int, batch: tuple, clip: float, parallel):
+def _train_step(state: TrainState, step: int, batch: tuple, cfg, parallel):
     """One optimizer step: (the loss, the gradient's norm before clipping). The gradients live
     only in here: held by the loop, a step's would still be alive while the next step makes
     its own (`train lm --init` of a 124M GPT-2: peak RSS 2765 -> 2275 MB)."""
-    loss, grads = step_gradient(state, step, batch, parallel)
-    return loss, guarded_update(state, step, grads, clip)
+    loss, grads = step_gradient(state, step, batch, parallel, cfg.seed)
+    return loss, guarded_update(state, step, grads, cfg.clip)
 
 
 def run_loop(
@@ -262,7 +269,7 @@ def run_loop(
             lr = state.optimizer.lr = scheduled_lr(cfg, state.step)  # updates count from 0
             try:
                 batch = next_batch(state.sampler)
-                loss, grad_norm = _train_step(state, step, batch, cfg.clip, parallel)
+                loss, grad_norm = _train_step(state, step, batch, cfg, parallel)
             except TrainingDiverged as error:
                 if last_saved is None:
                     raise

@@ -164,17 +164,19 @@ class DataParallel:
 
     def gradient(self, model, batch: tuple, local_step) -> tuple[float, np.ndarray]:
         """(the global mean loss, the global mean gradient as a flat vector) of one step.
-        local_step(micro_batch) -> (loss, grads) is the loop's guarded loss_and_grads."""
+        local_step(micro_batch, part) -> (loss, grads) is the loop's guarded loss_and_grads;
+        part numbers the step's micro-batches over every rank (each its own dropout masks)."""
         P = model.flat.size
         reduced, summed, scratch = self._buffers(model)
         reduced[...] = 0.0  # [n g ..., n, n loss, failures]
         failure = None
         try:
-            for micro in self.share(batch):
+            first_part = self.group.rank * self.accumulate
+            for part, micro in enumerate(self.share(batch), start=first_part):
                 n = model.count_targets(micro[-1])
                 if n == 0:
                     continue  # a share with no counted target adds nothing
-                loss, grads = local_step(micro)
+                loss, grads = local_step(micro, part)
                 add_scaled(summed, grads, n, scratch)
                 del grads  # now: kept, it would be a second set while the next one is made
                 reduced[P] += n

@@ -22,6 +22,7 @@ import numpy as np
 from numpy_engine.checkpoint import Checkpoint, load_checkpoint, resolve, save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
+from numpy_engine.dropout import SITES
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.loop import (
     Checkpointing,
@@ -171,6 +172,8 @@ def train_char_lm(
         model, codec = start.model, start.meta
     corpus = corpus_from_meta(codec, text, text_name) if codec else CharCorpus(text, what=text_name)
     model = model or _new_language_model(cfg, corpus.vocab_size)
+    if state is None and cfg.dropout is not None:  # a resumed model's config holds its rates
+        _set_dropout(model, cfg.dropout)
     if cfg.context > model.config.max_len:
         raise InputError(f"context={cfg.context} is longer than the model's {model.config.max_len}")
     what = f"batch_size={cfg.batch_size} with context={cfg.context}"
@@ -316,6 +319,14 @@ def _best_result(state: TrainState, checkpointing: Checkpointing | None) -> dict
 def _new_language_model(cfg: CharTrainConfig, vocab_size: int):
     kind = _continuing_text(model_class(cfg.model))
     return kind(kind.config_class(vocab_size, max_len=cfg.context), seed=cfg.seed)
+
+
+def _set_dropout(model, rate: float) -> None:
+    """Every dropout site of the model's training steps at rate (its config's *_dropout)."""
+    rates = {f"{site}_dropout": rate for site in SITES}
+    if not all(hasattr(model.config, name) for name in rates):
+        raise InputError(f"a {model.kind} model has no dropout to set")
+    model.config = replace(model.config, **rates)
 
 
 def _continuing_text(kind: type) -> type:

@@ -265,10 +265,14 @@ def test_micro_batches_give_the_whole_batchs_mean_loss_and_gradient_reusing_one_
     parallel = DataParallel(OneProcess(), 3)
     assert not parallel.plain and DataParallel(OneProcess(), 1).plain
 
-    def step(micro):
+    parts = []
+
+    def step(micro, part):
+        parts.append(part)
         return model.loss_and_grads(*micro)
 
     loss, grads = parallel.gradient(model, (idx, targets), step)
+    assert parts == [0, 1, 2]  # each micro-batch its own part: its own dropout masks
     expected = model.flat_grads(whole_grads)
     assert abs(loss - whole_loss) <= 1e-14 * whole_loss
     assert np.linalg.norm(grads - expected) <= 1e-14 * np.linalg.norm(expected)
@@ -279,7 +283,7 @@ def test_micro_batches_give_the_whole_batchs_mean_loss_and_gradient_reusing_one_
     one_loss = parallel.gradient(model, (idx, one), step)[0]
     assert abs(one_loss - model.loss_and_grads(idx, one)[0]) <= 1e-14 * one_loss
     other = ne.MiniGPT(ne.GPTConfig(n_layers=2, dtype="float32"), seed=0)
-    other_grads = parallel.gradient(other, (idx, targets), lambda m: other.loss_and_grads(*m))[1]
+    other_grads = parallel.gradient(other, (idx, targets), lambda m, _: other.loss_and_grads(*m))[1]
     assert other_grads.shape == other.flat.shape and other_grads.dtype == np.float32
     assert not np.shares_memory(other_grads, grads)
 

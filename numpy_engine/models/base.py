@@ -194,6 +194,11 @@ class Model:
         targets = self._targets(targets, logits)
         return float(cross_entropy_forward(logits, targets, self.ignore_index())[0])
 
+    def uses_dropout(self) -> bool:
+        """True when training steps drop (the config has a dropout rate above 0): the loop
+        then gives loss_and_grads a dropout_rng. A kind without dropout keeps this False."""
+        return False
+
     def count_targets(self, targets: np.ndarray) -> int:
         """How many of a batch's targets count in its loss: the mean's denominator."""
         return int((np.asarray(targets) != self.ignore_index()).sum())

@@ -24,6 +24,7 @@ from numpy_engine.blocks import (
     self_attention_block_forward,
 )
 from numpy_engine.checks import InputError
+from numpy_engine.dropout import SITES, Dropout, check_rate, dropped, site_mask
 from numpy_engine.keys import sub, with_prefix
 from numpy_engine.layers import (
     embedding_backward,
@@ -57,9 +58,16 @@ class GPTConfig:
     activation: str = "gelu"
     dtype: str = "float32"
     eos_id: int | None = None  # the end-of-text token: generation stops there; None: no stop
+    # dropout rates of training steps (dropout.py): after the embeddings, on the attention
+    # weights, and on each sublayer's output (Hugging Face's embd_, attn_ and resid_pdrop)
+    embed_dropout: float = 0.0
+    attn_dropout: float = 0.0
+    resid_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
+        for site in SITES:
+            check_rate(f"{site}_dropout", getattr(self, f"{site}_dropout"))
         if self.eos_id is not None and not 0 <= self.eos_id < self.vocab_size:
             raise InputError(f"eos_id={self.eos_id} must be in [0, vocab_size={self.vocab_size})")
 
@@ -91,6 +99,7 @@ class GPTCache(NamedTuple):
     head_affine: tuple | None  # final_norm's scale and shift, when folded into the head
     head: tuple
     logits_shape: tuple
+    embed_drop: np.ndarray | None = None  # the embeddings' dropout mask (B, T, C)
 
 
 @register
@@ -115,12 +124,13 @@ class MiniGPT(Model):
         logits, head = linear_forward(x, *self._head(), cache.head_affine)  # (B, T, V)
         return logits, cache._replace(head=head, logits_shape=logits.shape)
 
-    def _trunk_forward(self, idx: np.ndarray, keep_blocks: bool = True) -> tuple:
+    def _trunk_forward(self, idx: np.ndarray, keep_blocks: bool = True, dropout=None) -> tuple:
         """Everything before the head: (final_norm's output (B, T, C), its GPTCache, whose
         head fields are still None). The output is without final_norm's scale and shift when
         the cache's head_affine holds them, for the head to fold in (blocks.normed).
         keep_blocks=False (evaluation): the cache keeps no block's, so each block's
-        activations are freed before the next runs; the output is the same."""
+        activations are freed before the next runs; the output is the same. dropout: a
+        training step's (dropout.py), whose masks the cache keeps; None drops nothing."""
         cfg, p = self.config, self.params
         idx = checks.check_token_ids("idx", idx, cfg.vocab_size)
         if idx.shape[1] > cfg.max_len:
@@ -129,17 +139,20 @@ class MiniGPT(Model):
 
         x, tok_embed = embedding_forward(idx, p["tok_embed.weight"])  # (B, T, C)
         x, pos_embed = learned_positions_forward(x, p["pos_embed.weight"])
+        embed_drop = site_mask(dropout, "embed", x.shape, x.dtype)
+        x = dropped(x, embed_drop)  # x is the positions' fresh sum
         blocks = []
         for i in range(cfg.n_layers):
             block_p = self._under(f"blocks.{i}.")
             x, block = self_attention_block_forward(
-                x, block_p, cfg.n_heads, visible, cfg.activation
+                x, block_p, cfg.n_heads, visible, cfg.activation, dropout=dropout
             )
             if keep_blocks:
                 blocks.append(block)
             del block  # else its activations go now, not once the next block has run
         x, final_norm, head_affine = normed(x, p, "final_norm", cfg.vocab_size)
-        return x, GPTCache(tok_embed, pos_embed, blocks, final_norm, head_affine, None, None)
+        cache = GPTCache(tok_embed, pos_embed, blocks, final_norm, head_affine, None, None)
+        return x, cache._replace(embed_drop=embed_drop)
 
     def _backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
         dx, head_grads = linear_backward(dlogits, cache.head)
@@ -153,16 +166,20 @@ class MiniGPT(Model):
         for i in reversed(range(len(cache.blocks))):  # forward was x = block_i(x), i = 0, 1, ...
             dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
             grads |= with_prefix(block_grads, f"blocks.{i}.")
+        dx = dropped(dx, cache.embed_drop)  # forward was x = drop(tok + pos); dx is fresh
         dx, pos_grads = learned_positions_backward(dx, cache.pos_embed)  # x = tok + pos_embed[t]
         grads |= with_prefix(pos_grads, "pos_embed.")
         # forward was tok = tok_embed[idx]; the head's own term joins it if the two are tied
         grads |= self._head_and_embedding_grads(head_grads, dx, cache.tok_embed)
         return {key: grads[key] for key in self.params}
 
-    def _loss_and_grads(self, inputs: tuple, targets: np.ndarray) -> tuple[float, dict]:
+    def _loss_and_grads(
+        self, inputs: tuple, targets: np.ndarray, dropout_rng=None
+    ) -> tuple[float, dict]:
         """As Model's, with the head and the loss fused (losses.linear_cross_entropy): the
-        (B, T, V) logits exist once, and become their own gradient."""
-        x, cache = self._trunk_forward(*inputs)
+        (B, T, V) logits exist once, and become their own gradient. dropout_rng: a training
+        step's generator of dropout masks (None: nothing dropped)."""
+        x, cache = self._trunk_forward(*inputs, dropout=self._dropout(dropout_rng))
         targets = self._targets(targets, x)
         head, ignore = self._head(), self.ignore_index()
         loss, dx, head_grads = linear_cross_entropy(x, *head, targets, ignore, cache.head_affine)
@@ -186,10 +203,22 @@ class MiniGPT(Model):
         return with_prefix(head_grads, "head.") | with_prefix(tok_grads, "tok_embed.")
 
     def loss_and_grads(
-        self, idx: np.ndarray, targets: np.ndarray
+        self, idx: np.ndarray, targets: np.ndarray, dropout_rng=None
     ) -> tuple[float, dict[str, np.ndarray]]:
-        """Mean next-token cross-entropy (targets of -100 are ignored) and its gradients."""
-        return self._loss_and_grads((idx,), targets)
+        """Mean next-token cross-entropy (targets of -100 are ignored) and its gradients;
+        with dropout_rng (a training step's), the config's dropout applies, masks from it."""
+        return self._loss_and_grads((idx,), targets, dropout_rng)
+
+    def uses_dropout(self) -> bool:
+        cfg = self.config
+        return any(getattr(cfg, f"{site}_dropout") > 0 for site in SITES)
+
+    def _dropout(self, rng) -> Dropout | None:
+        """The step's Dropout at the config's rates; None without a generator or rates."""
+        if rng is None or not self.uses_dropout():
+            return None
+        rates = {site: getattr(self.config, f"{site}_dropout") for site in SITES}
+        return Dropout(rng, **rates)
 
     def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
         return self._loss((idx,), targets)

@@ -1,0 +1,214 @@
+"""Dropout (numpy_engine/dropout.py) in training steps.
+
+Against transformers' GPT2LMHeadModel in training mode, float64: its dropout is made to
+multiply by the engine's masks, in the order the forward reaches its sites, and the loss and
+every gradient must agree within the 1e-10 normwise rule. MiniGPT's own head, against finite
+differences under fixed masks. Then the masks themselves, evaluation without dropout, the
+training loop's keying of masks by step and micro-batch, and the flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import numpy_engine as ne
+from numpy_engine import cli
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.checks import InputError
+from numpy_engine.dropout import Dropout, training_rng
+from numpy_engine.hf import config_from_hf, hf_config_from_engine
+from numpy_engine.models import GPT2Config
+from parity_tests.helpers import assert_all_close_float64, assert_gradients_match_fd
+from parity_tests.strategies import gpt_cases, randomized_model
+from parity_tests.test_gpt2 import Case, gpt2_cases
+
+rates = st.sampled_from([0.0, 0.1, 0.5, 0.9])
+
+
+def recording_masks(patch: pytest.MonkeyPatch) -> list[np.ndarray]:
+    """Every mask the engine's Dropout draws from now on, in order."""
+    masks, draw = [], Dropout.mask
+
+    def recorded(self, site, shape, dtype):
+        mask = draw(self, site, shape, dtype)
+        if mask is not None:
+            masks.append(mask)
+        return mask
+
+    patch.setattr(Dropout, "mask", recorded)
+    return masks
+
+
+def replaying(patch: pytest.MonkeyPatch, masks: list[np.ndarray]) -> None:
+    """torch's dropout (nn.Dropout's and transformers' functional call alike) multiplies by
+    the next of masks instead of drawing its own; a site whose rate is 0 draws none."""
+    left = iter(masks)
+
+    def replay(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return x
+        mask = torch.from_numpy(next(left))
+        assert tuple(mask.shape) == tuple(x.shape)
+        return x * mask
+
+    patch.setattr(F, "dropout", replay)
+    patch.setattr(torch.nn.functional, "dropout", replay)
+    return left
+
+
+@given(case=gpt2_cases(), embd=rates, attn=rates, resid=rates)
+def test_dropout_matches_transformers_in_training(case, embd, attn, resid):
+    sizes, idx, targets, seed = case
+    idx, targets = np.asarray(idx), np.asarray(targets)
+    pdrop = dict(embd_pdrop=embd, attn_pdrop=attn, resid_pdrop=resid)
+    gpt2 = Case(sizes | pdrop, seed)  # through import-hf: the engine takes config.json's rates
+    assert (gpt2.engine.config.embed_dropout, gpt2.engine.config.attn_dropout) == (embd, attn)
+    with pytest.MonkeyPatch.context() as patch:
+        masks = recording_masks(patch)
+        loss, grads = gpt2.engine.loss_and_grads(idx, targets, np.random.default_rng(seed))
+        sites = (embd > 0) + sizes["n_layer"] * ((attn > 0) + 2 * (resid > 0))
+        assert len(masks) == sites
+        left = replaying(patch, masks)
+        logits = gpt2.hf.train()(torch.tensor(idx)).logits
+        hf_loss = F.cross_entropy(logits.flatten(0, 1), torch.tensor(targets).flatten())
+        hf_loss.backward()
+        assert next(left, None) is None  # transformers reached every site the engine did
+    ours = {"loss": np.array(loss)} | {f"dloss/d{key}": g for key, g in grads.items()}
+    theirs = {"loss": hf_loss.detach().numpy()}
+    theirs |= {f"dloss/d{key}": g for key, g in gpt2.hf_grads().items()}
+    assert_all_close_float64("GPT2 with dropout", ours, theirs)
+
+
+@given(case=gpt_cases(), rate=rates.filter(bool))
+def test_minigpt_dropout_gradients_match_finite_differences(case, rate):
+    """Under fixed masks (the same generator state every call) the loss is a smooth
+    function of the weights (GELU: no ReLU kink to step over)."""
+    config = dataclasses.replace(case.config, activation="gelu")
+    config = dataclasses.replace(config, embed_dropout=rate, attn_dropout=rate, resid_dropout=rate)
+    model, rng = randomized_model(case._replace(config=config))
+    _, grads = model.loss_and_grads(*case.batch, np.random.default_rng(case.seed))
+
+    def probe():
+        return model.loss_and_grads(*case.batch, np.random.default_rng(case.seed))[0]
+
+    assert_gradients_match_fd("MiniGPT loss with dropout", probe, model.params, grads, rng)
+
+
+def test_a_mask_keeps_one_minus_rate_of_its_entries_scaled_by_its_inverse():
+    mask = Dropout(np.random.default_rng(0), resid=0.3).mask("resid", (200, 1000), np.float32)
+    assert mask.dtype == np.float32 and mask.shape == (200, 1000)
+    kept = mask != 0
+    assert set(np.unique(mask)) == {np.float32(0), np.float32(1 / 0.7)}
+    # 200,000 draws: the kept share's standard deviation is 0.001
+    assert abs(kept.mean() - 0.7) < 0.005
+    assert Dropout(np.random.default_rng(0), resid=0.3).mask("attn", (4,), np.float32) is None
+
+
+def small_gpt(**rates) -> tuple:
+    sizes = dict(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_layers=2, dtype="float64")
+    model = ne.MiniGPT(ne.GPTConfig(**sizes, **rates), seed=3)
+    return model, ne.MiniGPT.example_batch(model.config, np.random.default_rng(1), 3, 10)
+
+
+def test_without_a_generator_or_a_rate_nothing_is_dropped():
+    """Evaluation (no generator) and rates of 0 give the bits of a model without dropout;
+    with both, the loss differs, and the same generator state gives the same loss again."""
+    plain, batch = small_gpt()
+    dropping, _ = small_gpt(embed_dropout=0.2, attn_dropout=0.2, resid_dropout=0.2)
+    loss, grads = plain.loss_and_grads(*batch)
+    rng_loss, rng_grads = plain.loss_and_grads(*batch, np.random.default_rng(0))
+    eval_loss, eval_grads = dropping.loss_and_grads(*batch)
+    assert loss == rng_loss == eval_loss == dropping.loss(*batch)
+    for key in grads:
+        assert np.array_equal(grads[key], rng_grads[key])
+        assert np.array_equal(grads[key], eval_grads[key])
+    dropped = dropping.loss_and_grads(*batch, np.random.default_rng(0))[0]
+    assert abs(dropped - loss) > 1e-3
+    assert dropping.loss_and_grads(*batch, np.random.default_rng(0))[0] == dropped
+    assert not plain.uses_dropout() and dropping.uses_dropout()
+
+
+@pytest.mark.parametrize("rate", [1.0, -0.1, "0.1", True, float("nan")])
+def test_a_rate_outside_zero_to_one_is_refused_by_name(rate):
+    with pytest.raises(InputError, match=r"attn_dropout=.* must be a number in \[0, 1\)"):
+        ne.GPTConfig(attn_dropout=rate)
+    with pytest.raises(InputError, match=r"resid_pdrop=.* must be a number in \[0, 1\)"):
+        config_from_hf(hf_config_from_engine(GPT2Config()) | {"resid_pdrop": rate}, "float64")
+
+
+def test_import_and_export_carry_the_rates():
+    config = GPT2Config(embed_dropout=0.1, attn_dropout=0.2, resid_dropout=0.3)
+    hf = hf_config_from_engine(config)
+    assert (hf["embd_pdrop"], hf["attn_pdrop"], hf["resid_pdrop"]) == (0.1, 0.2, 0.3)
+    assert config_from_hf(hf, "float32") == config
+    del hf["attn_pdrop"]  # transformers' default, 0.1, as GPT2Config(...) would read it
+    assert config_from_hf(hf, "float32").attn_dropout == 0.1
+
+
+def test_each_step_and_part_draws_its_own_masks():
+    draws = {(s, p): training_rng(7, s, p).random(4).tobytes() for s in (1, 2) for p in (0, 1)}
+    assert len(set(draws.values())) == 4
+    assert training_rng(7, 2, 1).random(4).tobytes() == draws[(2, 1)]  # resumed: the same
+    assert training_rng(8, 2, 1).random(4).tobytes() != draws[(2, 1)]  # another seed
+
+
+def train(*args: str) -> None:
+    assert cli.main(["train", *args, "--quiet"]) == 0
+
+
+def test_a_run_with_dropout_resumes_bit_for_bit(tmp_path, capsys):
+    """Step 7's masks are keyed by the step, so a run stopped after 6 and resumed to 12
+    ends with the weights of a run of 12 at once; a run without dropout ends elsewhere."""
+    common = ["char-lm", "--dropout", "0.2", "--batch-size", "4", "--context", "8"]
+    train(*common, "--steps", "6", "--out", str(tmp_path / "halves"))
+    train("--resume", str(tmp_path / "halves"), "--steps", "12")
+    train(*common, "--steps", "12", "--out", str(tmp_path / "whole"))
+    train(*common[:1], *common[3:], "--steps", "12", "--out", str(tmp_path / "none"))
+    capsys.readouterr()
+    halves, whole, none = (load_checkpoint(tmp_path / name) for name in ("halves", "whole", "none"))
+    assert halves.model.config.resid_dropout == 0.2 and none.model.config.resid_dropout == 0
+    assert np.array_equal(halves.model.flat, whole.model.flat)
+    assert not np.array_equal(none.model.flat, whole.model.flat)
+    assert cli.main(["train", "--resume", str(tmp_path / "halves"), "--dropout", "0.3"]) == 2
+    assert "--dropout 0.3 conflicts with the checkpoint's dropout=0.2" in capsys.readouterr().err
+
+
+def test_dropout_is_a_language_models_flag(capsys):
+    assert cli.main(["train", "copy", "--dropout", "0.1"]) == 2
+    assert "--dropout does not apply to copy" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:  # argparse's refusal of the flag itself
+        cli.main(["train", "char-lm", "--dropout", "1"])
+    assert stopped.value.code == 2
+    assert "argument --dropout: must be at least 0 and below 1, got 1" in capsys.readouterr().err
+
+
+def test_fine_tuning_sets_an_imported_models_rate(tmp_path, capsys):
+    """--dropout over --init: the rates the fine-tuned checkpoint keeps (and export-hf
+    writes); without it, the imported model's own."""
+    train("char-lm", "--steps", "2", "--out", str(tmp_path / "start"))
+    train(
+        "lm",
+        "--init",
+        str(tmp_path / "start"),
+        "--steps",
+        "2",
+        "--context",
+        "8",
+        "--dropout",
+        "0.15",
+        "--out",
+        str(tmp_path / "tuned"),
+    )
+    capsys.readouterr()
+    config = load_checkpoint(tmp_path / "tuned").model.config
+    assert (config.embed_dropout, config.attn_dropout, config.resid_dropout) == (0.15,) * 3
+    result = json.loads((tmp_path / "tuned" / "result.json").read_text())
+    assert result["steps"] == 2
