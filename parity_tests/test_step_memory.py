@@ -46,6 +46,7 @@ from numpy_engine.tasks import sequence_task
 # Over 400 random draws of the final count, beyond its fixed allowance: 1.23-4.8; another 400
 # drew one at 5.4 (a seq2seq model of d_model 8 and d_ff 512 on sources of 64).
 GENEROUS_AT_MOST = 8.0
+DROPOUT_RATES = ("embed_dropout", "attn_dropout", "resid_dropout")
 
 
 def copy_model(sizes: dict, layers: int | tuple[int, int], length: int, dtype: str):
@@ -78,6 +79,8 @@ def runs(draw) -> tuple:
         d_ff=draw(st.sampled_from([4, 64, 512])),
     )
     build = draw(st.sampled_from([copy_model, minigpt, gpt2]))
+    if build is not copy_model:  # dropout's masks, kept for the backward, at every site
+        sizes |= dict.fromkeys(DROPOUT_RATES, draw(st.sampled_from([0.0, 0.1])))
     length = draw(st.sampled_from([2, 3, 16, 64]))  # a language model's 1 would have no target
     dtype = draw(st.sampled_from(["float32", "float64"]))
     layers, accumulate = draw(st.integers(1, 3)), draw(st.integers(1, 2))

@@ -72,6 +72,11 @@ class GPTConfig:
             raise InputError(f"eos_id={self.eos_id} must be in [0, vocab_size={self.vocab_size})")
 
 
+def drops(cfg: GPTConfig) -> bool:
+    """Whether the config's training steps drop anything: a dropout rate above 0."""
+    return any(getattr(cfg, f"{site}_dropout") > 0 for site in SITES)
+
+
 def normal_init(rng: np.random.Generator):
     """init(shape) -> N(0, 0.02) draws from rng: GPT-2's weights and embeddings."""
     return lambda shape: rng.normal(0.0, 0.02, shape)
@@ -210,8 +215,7 @@ class MiniGPT(Model):
         return self._loss_and_grads((idx,), targets, dropout_rng)
 
     def uses_dropout(self) -> bool:
-        cfg = self.config
-        return any(getattr(cfg, f"{site}_dropout") > 0 for site in SITES)
+        return drops(self.config)
 
     def _dropout(self, rng) -> Dropout | None:
         """The step's Dropout at the config's rates; None without a generator or rates."""
@@ -269,13 +273,18 @@ class MiniGPT(Model):
     def step_values(cfg: GPTConfig, batch_size: int, length: int) -> int:
         """As Seq2SeqTransformer.step_values, for n_layers causal blocks, each keeping its
         stacked q, k, v weights (3 C^2), but 2 per logit: the fused head and loss turn the
-        logits into their gradient in place (losses.linear_cross_entropy; measured 1.06)."""
+        logits into their gradient in place (losses.linear_cross_entropy; measured 1.06).
+        With dropout, each layer keeps its masks too (the weights' and two outputs'), and
+        one dropped copy of weights and of an output lives at a time."""
         C, F = cfg.d_model, cfg.d_ff
         tokens = batch_size * length
         cells = tokens * cfg.n_heads * length
         per_layer = tokens * (16 * C + 4 * F) + 3 * cells + 3 * C * C
         block = 4 * C * C + 2 * C * F
-        return cfg.n_layers * per_layer + 2 * tokens * cfg.vocab_size + WEIGHT_COPIES * block
+        values = cfg.n_layers * per_layer + 2 * tokens * cfg.vocab_size + WEIGHT_COPIES * block
+        if drops(cfg):
+            values += (cfg.n_layers + 1) * (cells + 2 * tokens * C) + tokens * C
+        return values
 
 
 class CachedGPTDecoder:
