@@ -13,6 +13,7 @@ import tempfile
 import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.dropout import training_rng
 from numpy_engine.generate import generate
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW, no_decay_keys
@@ -53,10 +54,13 @@ print(f"held-out loss before: {heldout_loss(model, heldout, BATCH_SIZE):.4f}")
 optimizer = AdamW(model.params, lr=lr, weight_decay=0.01, no_decay=no_decay_keys(model.params))
 
 
-def train_step(idx: np.ndarray, targets: np.ndarray) -> float:
+def train_step(step: int, idx: np.ndarray, targets: np.ndarray) -> float:
     """One AdamW step; returns the loss. The gradients go when it returns: kept in the loop,
-    they would still be held while the next step makes its own (500 MB more for gpt2)."""
-    loss, grads = model.loss_and_grads(idx, targets)  # wte's gradient: embedding + tied head
+    they would still be held while the next step makes its own (500 MB more for gpt2).
+    Dropout at the model's rates (an imported gpt2's 0.1; the small model here has none),
+    its masks from the step's own generator, as `numpy-engine train` draws them."""
+    dropout_rng = training_rng(SEED, step)
+    loss, grads = model.loss_and_grads(idx, targets, dropout_rng)  # dwte: embedding + head
     optimizer.step(model.flat, grads, max_grad_norm=1.0)  # clips, then updates model.flat
     return loss
 
@@ -64,7 +68,7 @@ def train_step(idx: np.ndarray, targets: np.ndarray) -> float:
 sampler = np.random.default_rng([SEED, 1])
 for step in range(1, STEPS + 1):
     idx, targets = random_windows(train_ids, sampler, BATCH_SIZE, context)  # targets: idx + 1
-    loss = train_step(idx, targets)
+    loss = train_step(step, idx, targets)
     if step == 1 or step % 40 == 0:
         print(f"step {step:3d}  loss {loss:.4f}", flush=True)
 
