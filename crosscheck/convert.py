@@ -37,7 +37,7 @@ def torch_model_for(engine_model: Model) -> nn.Module:
     # ids, say, are the engine's business)
     accepted = inspect.signature(twin).parameters
     module = twin(**{name: value for name, value in config.items() if name in accepted})
-    module = module.to(dtype)
+    module = module.to(dtype).eval()  # its dropout (if any) off: a test turns it on with .train()
     load_engine_params(module, engine_model.params)
     return module
 

@@ -67,6 +67,7 @@ BACKWARD_CODE = {
         "AdamW._update_block",
     ),
     "numpy_engine/threads.py": ("in_chunks",),  # the optimizer's runs of blocks
+    "numpy_engine/dropout.py": ("Dropout.mask", "dropped", "dropped_copy", "training_rng"),
     "numpy_engine/models/seq2seq.py": ("_backward", "_decode_backward", "_encode_backward"),
     "numpy_engine/models/minigpt.py": (
         "_backward",

@@ -452,19 +452,21 @@ def cross_attention_forward(
     visible: np.ndarray | None,
     memory_kv: KeysValues | None = None,
     affine: tuple | None = None,
+    drop: np.ndarray | None = None,
 ) -> tuple:
     """Queries from x (B, Tq, C); keys and values from memory (B, Tk, C), the encoder's
     output. p holds {q,k,v,out}_proj.{weight,bias}; keys and values share one matmul.
     memory_kv, memory_keys_values' (k, v) from an earlier call, skips that matmul
     (incremental decoding; there is no backward through it). affine: x's layernorm scale and
-    shift, for the query projection to fold in (layers.linear_forward)."""
+    shift, for the query projection to fold in (layers.linear_forward). drop: a dropout mask
+    on the attention weights (attention_forward)."""
     q, q_cache = linear_forward(x, p["q_proj.weight"], p["q_proj.bias"], affine)  # (B, Tq, C)
     if memory_kv is None:
         (k, v), kv_cache = memory_keys_values(memory, p, n_heads)
     else:
         (k, v), kv_cache = memory_kv, None
     merged, y = heads_buffer(x.shape[:-1], x.shape[-1], n_heads, 1, q.dtype)  # (B, Tq, C)
-    _, attn_cache = attention_forward(split_heads(q, n_heads), k, v, visible, out=y)
+    _, attn_cache = attention_forward(split_heads(q, n_heads), k, v, visible, out=y, drop=drop)
     out, out_cache = linear_forward(merged, p["out_proj.weight"], p["out_proj.bias"])
     return out, CrossAttentionCache(q_cache, kv_cache, attn_cache, out_cache, n_heads)
 

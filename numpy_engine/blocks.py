@@ -142,6 +142,9 @@ class DecoderBlockCache(NamedTuple):
     cross_attn: tuple
     ln3: tuple
     ffn: tuple
+    self_drop: np.ndarray | None = None  # dropout masks on the three sublayers' outputs
+    cross_drop: np.ndarray | None = None
+    ffn_drop: np.ndarray | None = None
 
 
 def decoder_block_forward(
@@ -155,39 +158,50 @@ def decoder_block_forward(
     past: KeysValues | KeyValueBuffer | None = None,
     memory_kv: KeysValues | None = None,
     for_backward: bool = True,
+    dropout: Dropout | None = None,
 ) -> tuple:
     """Causal self-attention, cross-attention over memory (B, S, C), then the FFN.
 
     h1 = y + self_attn(ln1(y)); h2 = h1 + cross_attn(ln2(h1), memory); out = h2 + ffn(ln3(h2)).
     For incremental decoding, past holds the self-attention's earlier keys and values and
-    memory_kv the cross-attention's over memory (see attention.py); for_backward as in
+    memory_kv the cross-attention's over memory (see attention.py); for_backward and
+    dropout (on both attentions' weights and each sublayer's output) as in
     self_attention_block_forward.
     """
+    B, T, _ = y.shape
     yn, ln1, affine = normed(y, p, "ln1", 3 * y.shape[-1])
+    weights_drop = site_mask(dropout, "attn", (B, n_heads, T, T), yn.dtype)  # no past: training
     a, self_attn = self_attention_forward(
-        yn, sub(p, "self_attn."), n_heads, self_visible, past, affine
+        yn, sub(p, "self_attn."), n_heads, self_visible, past, affine, weights_drop
     )
-    h1 = _residual(y, a)  # (B, T, C)
+    self_drop = site_mask(dropout, "resid", a.shape, a.dtype)
+    h1 = _residual(y, dropped(a, self_drop))  # (B, T, C)
     h1n, ln2, affine = normed(h1, p, "ln2", h1.shape[-1])  # into q
+    weights_drop = site_mask(dropout, "attn", (B, n_heads, T, memory.shape[1]), h1n.dtype)
     c, cross_attn = cross_attention_forward(
-        h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible, memory_kv, affine
+        h1n, memory, sub(p, "cross_attn."), n_heads, memory_visible, memory_kv, affine, weights_drop
     )
-    h2 = _residual(h1, c)  # (B, T, C)
+    cross_drop = site_mask(dropout, "resid", c.shape, c.dtype)
+    h2 = _residual(h1, dropped(c, cross_drop))  # (B, T, C)
     h2n, ln3, affine = normed(h2, p, "ln3", len(p["ffn.fc1.bias"]))
     f, ffn = ffn_forward(h2n, sub(p, "ffn."), activation, affine, for_backward)
-    out = _residual(h2, f)
-    return out, DecoderBlockCache(ln1, self_attn, ln2, cross_attn, ln3, ffn)
+    ffn_drop = site_mask(dropout, "resid", f.shape, f.dtype)
+    out = _residual(h2, dropped(f, ffn_drop))
+    drops = (self_drop, cross_drop, ffn_drop)
+    return out, DecoderBlockCache(ln1, self_attn, ln2, cross_attn, ln3, ffn, *drops)
 
 
 def decoder_block_backward(dout: np.ndarray, cache: DecoderBlockCache) -> tuple:
     """See docs/gradients.md#residual-blocks. Returns (dy, dmemory, grads keyed like p)."""
-    dh2n, ffn_grads = ffn_backward(dout, cache.ffn)
+    dh2n, ffn_grads = ffn_backward(dropped_copy(dout, cache.ffn_drop), cache.ffn)
     dh2_ln3, ln3_grads = normed_backward(dh2n, cache.ln3, ffn_grads)
     dh2 = _residual(dout, dh2_ln3)  # h2 fed the skip and the FFN
-    dh1n, dmemory, cross_grads = cross_attention_backward(dh2, cache.cross_attn)
+    dh2_cross = dropped_copy(dh2, cache.cross_drop)  # a dropped output's gradient is dropped
+    dh1n, dmemory, cross_grads = cross_attention_backward(dh2_cross, cache.cross_attn)
     dh1_ln2, ln2_grads = normed_backward(dh1n, cache.ln2, cross_grads)
     dh1 = _residual(dh2, dh1_ln2)  # h1 fed the skip and the cross-attention
-    dyn, self_grads = self_attention_backward(dh1, cache.self_attn)  # sums q, k and v paths
+    dh1_self = dropped_copy(dh1, cache.self_drop)
+    dyn, self_grads = self_attention_backward(dh1_self, cache.self_attn)  # sums q, k, v paths
     dy_ln1, ln1_grads = normed_backward(dyn, cache.ln1, self_grads)
     dy = _residual(dh1, dy_ln1)  # y fed the skip and the self-attention
     grads = _named(ln1=ln1_grads, self_attn=self_grads, ln2=ln2_grads, cross_attn=cross_grads)

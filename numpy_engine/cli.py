@@ -98,9 +98,9 @@ RUN_FLAGS = {
     ),
     "dropout": (
         dropout_rate,
-        "char-lm, lm: the rate of dropout in training steps, after the embeddings, on the "
-        "attention weights and on each sublayer's output, as GPT-2 trains (evaluation and "
-        "generation drop nothing)",
+        "the rate of dropout in training steps, after the embeddings, on the attention "
+        "weights and on each sublayer's output, as GPT-2 trains (evaluation and generation "
+        "drop nothing)",
         "default: the model's own: 0 for a new model, an imported GPT-2's from its config.json",
     ),
     "init": (

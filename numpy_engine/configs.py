@@ -20,6 +20,7 @@ class SequenceTrainConfig:
     schedule: str = "constant"  # the lr's course: constant, linear or cosine (schedule.py)
     warmup: int = 0  # the first updates, whose lr rises from 0 towards lr
     min_lr: float = 0.0  # where linear and cosine decay towards
+    dropout: float | None = None  # every dropout site's rate (dropout.py); None: the model's, 0
 
     optimizer_class = Adam  # not a field: what optimizer() makes (loop.check_step_fits reads it)
 

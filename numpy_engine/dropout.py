@@ -50,6 +50,26 @@ class Dropout:
         return np.multiply(kept, 1.0 / (1.0 - rate), dtype=dtype)
 
 
+def check_rates(config) -> None:
+    """A model config's rates (its embed_dropout, attn_dropout and resid_dropout fields)."""
+    for site in SITES:
+        check_rate(f"{site}_dropout", getattr(config, f"{site}_dropout"))
+
+
+def drops(config) -> bool:
+    """Whether the config's training steps drop anything: a rate above 0 (a config without
+    the fields: no)."""
+    return any(getattr(config, f"{site}_dropout", 0) > 0 for site in SITES)
+
+
+def step_dropout(config, rng: np.random.Generator | None) -> Dropout | None:
+    """A training step's Dropout at the config's rates, its masks from rng; None (nothing is
+    dropped) without a generator or without a rate above 0."""
+    if rng is None or not drops(config):
+        return None
+    return Dropout(rng, **{site: getattr(config, f"{site}_dropout") for site in SITES})
+
+
 def site_mask(dropout: Dropout | None, site: str, shape: tuple, dtype) -> np.ndarray | None:
     """dropout.mask(site, ...), or None when there is no dropout (evaluation)."""
     return None if dropout is None else dropout.mask(site, shape, dtype)

@@ -147,7 +147,7 @@ def check_run_config(cfg, name: Callable[[str], str] = str) -> None:
             f"{name('weight_decay_on')} must be one of {', '.join(WEIGHT_DECAY_ON)}, "
             f"got {decayed!r}"
         )
-    dropout = getattr(cfg, "dropout", None)  # a language model's run only
+    dropout = getattr(cfg, "dropout", None)
     if dropout is not None and not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
         raise InputError(f"{name('dropout')} must be a number in [0, 1), got {dropout!r}")
     holdout = getattr(cfg, "holdout", 0.0)  # a language model's run only

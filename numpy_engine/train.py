@@ -96,6 +96,8 @@ def train_sequence_task(
     task = sequence_task(cfg.task, seed=cfg.seed)
     if state is None:
         model = Seq2SeqTransformer(model_config or Seq2SeqConfig(), seed=cfg.seed)
+        if cfg.dropout is not None:
+            _set_dropout(model, cfg.dropout)
     else:
         model = state.model
     S = task.train.source.shape[1]

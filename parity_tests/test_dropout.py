@@ -20,14 +20,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numpy_engine as ne
+from crosscheck.convert import grads_from_torch, tensor, torch_model_for
 from numpy_engine import cli
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.dropout import Dropout, training_rng
 from numpy_engine.hf import config_from_hf, hf_config_from_engine
 from numpy_engine.models import GPT2Config
+from numpy_engine.parallel import DataParallel, OneProcess
 from parity_tests.helpers import assert_all_close_float64, assert_gradients_match_fd
-from parity_tests.strategies import gpt_cases, randomized_model
+from parity_tests.strategies import gpt_cases, randomized_model, seq2seq_cases
 from parity_tests.test_gpt2 import Case, gpt2_cases
 
 rates = st.sampled_from([0.0, 0.1, 0.5, 0.9])
@@ -59,31 +61,75 @@ def replaying(patch: pytest.MonkeyPatch, masks: list[np.ndarray]) -> None:
         assert tuple(mask.shape) == tuple(x.shape)
         return x * mask
 
-    patch.setattr(F, "dropout", replay)
-    patch.setattr(torch.nn.functional, "dropout", replay)
+    patch.setattr(F, "dropout", replay)  # torch.nn.functional: nn.Dropout's F as well
     return left
 
 
-@given(case=gpt2_cases(), embd=rates, attn=rates, resid=rates)
+def training_results(model, batch: tuple, seed: int, torch_loss) -> tuple[dict, dict]:
+    """(the engine's, torch's) loss and gradients of one training step with dropout, under
+    the masks the engine draws from default_rng(seed); torch_loss() computes torch's loss
+    (its dropout replaying them) and returns it with its gradients, keyed as the engine's."""
+    with pytest.MonkeyPatch.context() as patch:
+        masks = recording_masks(patch)
+        loss, grads = model.loss_and_grads(*batch, np.random.default_rng(seed))
+        assert masks  # the case drops somewhere
+        left = replaying(patch, masks)
+        theirs_loss, theirs_grads = torch_loss()
+        assert next(left, None) is None  # torch reached every site the engine did
+    ours = {"loss": np.array(loss)} | {f"dloss/d{key}": g for key, g in grads.items()}
+    theirs = {"loss": theirs_loss} | {f"dloss/d{key}": g for key, g in theirs_grads.items()}
+    return ours, theirs
+
+
+def with_rates(case, embed: float, attn: float, resid: float):
+    """The case's model, randomized, at these dropout rates."""
+    rates = dict(embed_dropout=embed, attn_dropout=attn, resid_dropout=resid)
+    model, _ = randomized_model(case._replace(config=dataclasses.replace(case.config, **rates)))
+    return model
+
+
+def twin_loss(model, batch: tuple):
+    """torch_reference's twin of model in training mode: its loss and gradients."""
+
+    def run():
+        twin = torch_model_for(model).train()
+        loss = twin.loss(*(tensor(x) for x in batch))
+        loss.backward()
+        return loss.detach().numpy(), grads_from_torch(twin)
+
+    return run
+
+
+@given(case=gpt_cases(), embed=rates, attn=rates, resid=rates.filter(bool))
+def test_minigpt_dropout_matches_its_torch_twin(case, embed, attn, resid):
+    model = with_rates(case, embed, attn, resid)
+    ours, theirs = training_results(model, case.batch, case.seed, twin_loss(model, case.batch))
+    assert_all_close_float64("MiniGPT with dropout", ours, theirs)
+
+
+@given(case=seq2seq_cases(), embed=rates, attn=rates, resid=rates.filter(bool))
+def test_seq2seq_dropout_matches_its_torch_twin(case, embed, attn, resid):
+    model = with_rates(case, embed, attn, resid)
+    ours, theirs = training_results(model, case.batch, case.seed, twin_loss(model, case.batch))
+    assert_all_close_float64("Seq2SeqTransformer with dropout", ours, theirs)
+
+
+@given(case=gpt2_cases(), embd=rates, attn=rates, resid=rates.filter(bool))
 def test_dropout_matches_transformers_in_training(case, embd, attn, resid):
     sizes, idx, targets, seed = case
     idx, targets = np.asarray(idx), np.asarray(targets)
     pdrop = dict(embd_pdrop=embd, attn_pdrop=attn, resid_pdrop=resid)
     gpt2 = Case(sizes | pdrop, seed)  # through import-hf: the engine takes config.json's rates
-    assert (gpt2.engine.config.embed_dropout, gpt2.engine.config.attn_dropout) == (embd, attn)
-    with pytest.MonkeyPatch.context() as patch:
-        masks = recording_masks(patch)
-        loss, grads = gpt2.engine.loss_and_grads(idx, targets, np.random.default_rng(seed))
-        sites = (embd > 0) + sizes["n_layer"] * ((attn > 0) + 2 * (resid > 0))
-        assert len(masks) == sites
-        left = replaying(patch, masks)
+    config = gpt2.engine.config
+    assert (config.embed_dropout, config.attn_dropout, config.resid_dropout) == (embd, attn, resid)
+
+    def hf_loss():
         logits = gpt2.hf.train()(torch.tensor(idx)).logits
-        hf_loss = F.cross_entropy(logits.flatten(0, 1), torch.tensor(targets).flatten())
-        hf_loss.backward()
-        assert next(left, None) is None  # transformers reached every site the engine did
-    ours = {"loss": np.array(loss)} | {f"dloss/d{key}": g for key, g in grads.items()}
-    theirs = {"loss": hf_loss.detach().numpy()}
-    theirs |= {f"dloss/d{key}": g for key, g in gpt2.hf_grads().items()}
+        loss = F.cross_entropy(logits.flatten(0, 1), torch.tensor(targets).flatten())
+        loss.backward()
+        return loss.detach().numpy(), gpt2.hf_grads()
+
+    ours, theirs = training_results(gpt2.engine, (idx, targets), seed, hf_loss)
     assert_all_close_float64("GPT2 with dropout", ours, theirs)
 
 
@@ -160,6 +206,24 @@ def test_each_step_and_part_draws_its_own_masks():
     assert training_rng(8, 2, 1).random(4).tobytes() != draws[(2, 1)]  # another seed
 
 
+def test_each_rank_and_micro_batch_of_a_step_is_a_part_of_its_own():
+    """Part = rank * K + micro-batch: rank 1 of 2 at K = 2 draws parts 2 and 3."""
+
+    class SecondOfTwo(OneProcess):
+        rank, size = 1, 2
+
+    model, _ = small_gpt(resid_dropout=0.1)
+    batch = ne.MiniGPT.example_batch(model.config, np.random.default_rng(1), 8, 10)
+    parts = []
+
+    def local_step(micro, part):
+        parts.append(part)
+        return model.loss_and_grads(*micro, training_rng(7, 1, part))
+
+    DataParallel(SecondOfTwo(), accumulate=2).gradient(model, batch, local_step)
+    assert parts == [2, 3]
+
+
 def train(*args: str) -> None:
     assert cli.main(["train", *args, "--quiet"]) == 0
 
@@ -181,9 +245,10 @@ def test_a_run_with_dropout_resumes_bit_for_bit(tmp_path, capsys):
     assert "--dropout 0.3 conflicts with the checkpoint's dropout=0.2" in capsys.readouterr().err
 
 
-def test_dropout_is_a_language_models_flag(capsys):
-    assert cli.main(["train", "copy", "--dropout", "0.1"]) == 2
-    assert "--dropout does not apply to copy" in capsys.readouterr().err
+def test_a_copy_run_keeps_its_rate_and_a_rate_of_one_is_refused(tmp_path, capsys):
+    train("copy", "--dropout", "0.1", "--steps", "2", "--out", str(tmp_path / "copy"))
+    config = load_checkpoint(tmp_path / "copy").model.config
+    assert (config.embed_dropout, config.attn_dropout, config.resid_dropout) == (0.1,) * 3
     with pytest.raises(SystemExit) as stopped:  # argparse's refusal of the flag itself
         cli.main(["train", "char-lm", "--dropout", "1"])
     assert stopped.value.code == 2

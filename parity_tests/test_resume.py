@@ -175,7 +175,9 @@ def test_a_damaged_checkpoint_is_refused_by_name(trained, tmp_path):
     for position in rng.integers(100, len(data) - 100, size=20):
         damaged[position] ^= 0xFF
     (tmp_path / "damaged.npz").write_bytes(bytes(damaged))
-    with pytest.raises(ValueError, match="damaged.npz: (corrupted|not a readable|does not match)"):
+    # which refusal depends on where the flipped bytes land: here one lands in an entry's name
+    refused = "damaged.npz: (corrupted|not a readable|does not match|an entry .* no part of one)"
+    with pytest.raises(ValueError, match=refused):
         load_checkpoint(tmp_path / "damaged.npz")
     (tmp_path / "short.npz").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="short.npz: not a readable .npz file"):

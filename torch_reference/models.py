@@ -9,6 +9,7 @@ from torch_reference.modules import (
     DecoderBlock,
     SelfAttentionBlock,
     causal_visible,
+    dropout,
     padding_visible,
     sinusoidal_table,
 )
@@ -27,11 +28,15 @@ class Seq2SeqTransformer(nn.Module):
         n_decoder_layers: int = 1,
         activation: str = "relu",
         pad_id: int = 0,
+        embed_dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        resid_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.pad_id = pad_id
         self.embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        block_args = (d_model, n_heads, d_ff, activation)
+        self.drop = dropout(embed_dropout)
+        block_args = (d_model, n_heads, d_ff, activation, attn_dropout, resid_dropout)
         self.encoder = nn.ModuleList(
             SelfAttentionBlock(*block_args) for _ in range(n_encoder_layers)
         )
@@ -42,7 +47,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def embed_with_positions(self, ids):
         x = self.embed(ids)  # (B, T, C)
-        return x + sinusoidal_table(ids.shape[1], x.shape[2], x.dtype)
+        return self.drop(x + sinusoidal_table(ids.shape[1], x.shape[2], x.dtype))
 
     def forward(self, source, decoder_input):
         src_visible = padding_visible(source, self.pad_id)  # (B, 1, 1, S)
@@ -72,18 +77,22 @@ class MiniGPT(nn.Module):
         n_layers: int = 3,
         max_len: int = 32,
         activation: str = "gelu",
+        embed_dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        resid_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.tok_embed = nn.Embedding(vocab_size, d_model)
         self.pos_embed = nn.Embedding(max_len, d_model)
-        block_args = (d_model, n_heads, d_ff, activation)
+        self.drop = dropout(embed_dropout)
+        block_args = (d_model, n_heads, d_ff, activation, attn_dropout, resid_dropout)
         self.blocks = nn.ModuleList(SelfAttentionBlock(*block_args) for _ in range(n_layers))
         self.final_norm = nn.LayerNorm(d_model, eps=1e-5)
         self.head = nn.Linear(d_model, vocab_size)
 
     def forward(self, idx):
         T = idx.shape[1]
-        x = self.tok_embed(idx) + self.pos_embed.weight[:T]  # (B, T, C)
+        x = self.drop(self.tok_embed(idx) + self.pos_embed.weight[:T])  # (B, T, C)
         visible = causal_visible(T)
         for block in self.blocks:
             x = block(x, visible)

@@ -31,8 +31,15 @@ def sinusoidal_table(T: int, C: int, dtype: torch.dtype) -> torch.Tensor:
     return table.to(dtype)  # (T, C)
 
 
-def attention(q, k, v, visible: torch.Tensor | None) -> torch.Tensor:
-    """PyTorch's own scaled_dot_product_attention; a bool attn_mask is True where visible."""
+def dropout(rate: float) -> nn.Module:
+    """nn.Dropout(rate), or nothing to call at all when rate is 0."""
+    return nn.Dropout(rate) if rate > 0 else nn.Identity()
+
+
+def attention(q, k, v, visible: torch.Tensor | None, dropout_p: float = 0.0) -> torch.Tensor:
+    """PyTorch's own scaled_dot_product_attention; a bool attn_mask is True where visible.
+    With dropout on the weights, written out instead, so that the mask is F.dropout's (which
+    a test can replace) and not drawn inside the fused kernel."""
     if visible is not None:
         rows = visible.any(dim=-1).expand(q.shape[:-1])  # (B, H, Tq)
         if not bool(rows.all()):
@@ -40,13 +47,18 @@ def attention(q, k, v, visible: torch.Tensor | None) -> torch.Tensor:
             raise ValueError(
                 f"visible: the query at batch row {b}, position {t} (head {h}) has no visible key"
             )
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    if dropout_p == 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return F.dropout(torch.softmax(scores, dim=-1), dropout_p, training=True) @ v
 
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, attn_dropout: float = 0.0) -> None:
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.attn_dropout = n_heads, attn_dropout
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
@@ -58,7 +70,8 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(x).view(B, Tq, H, C // H).transpose(1, 2)  # (B, H, Tq, hs)
         k = self.k_proj(memory).view(B, Tk, H, C // H).transpose(1, 2)  # (B, H, Tk, hs)
         v = self.v_proj(memory).view(B, Tk, H, C // H).transpose(1, 2)  # (B, H, Tk, hs)
-        y = attention(q, k, v, visible).transpose(1, 2).reshape(B, Tq, C)
+        rate = self.attn_dropout if self.training else 0.0
+        y = attention(q, k, v, visible, rate).transpose(1, 2).reshape(B, Tq, C)
         return self.out_proj(y)
 
 
@@ -78,33 +91,39 @@ class FeedForward(nn.Module):
 class SelfAttentionBlock(nn.Module):
     """Pre-norm encoder block; under a causal mask, the decoder-only block."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, activation: str) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, d_ff: int, activation: str, attn_dropout=0.0, drop=0.0
+    ) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model, eps=1e-5)
-        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.attn = MultiHeadAttention(d_model, n_heads, attn_dropout)
         self.ln2 = nn.LayerNorm(d_model, eps=1e-5)
         self.ffn = FeedForward(d_model, d_ff, activation)
+        self.drop = dropout(drop)  # on each sublayer's output (resid_dropout)
 
     def forward(self, x, visible):
         xn = self.ln1(x)
-        h = x + self.attn(xn, xn, visible)
-        return h + self.ffn(self.ln2(h))
+        h = x + self.drop(self.attn(xn, xn, visible))
+        return h + self.drop(self.ffn(self.ln2(h)))
 
 
 class DecoderBlock(nn.Module):
     """Pre-norm: causal self-attention, cross-attention over the memory, feed-forward."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, activation: str) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, d_ff: int, activation: str, attn_dropout=0.0, drop=0.0
+    ) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model, eps=1e-5)
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout)
         self.ln2 = nn.LayerNorm(d_model, eps=1e-5)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout)
         self.ln3 = nn.LayerNorm(d_model, eps=1e-5)
         self.ffn = FeedForward(d_model, d_ff, activation)
+        self.drop = dropout(drop)  # on each sublayer's output (resid_dropout)
 
     def forward(self, y, memory, self_visible, memory_visible):
         yn = self.ln1(y)
-        h1 = y + self.self_attn(yn, yn, self_visible)
-        h2 = h1 + self.cross_attn(self.ln2(h1), memory, memory_visible)
-        return h2 + self.ffn(self.ln3(h2))
+        h1 = y + self.drop(self.self_attn(yn, yn, self_visible))
+        h2 = h1 + self.drop(self.cross_attn(self.ln2(h1), memory, memory_visible))
+        return h2 + self.drop(self.ffn(self.ln3(h2)))

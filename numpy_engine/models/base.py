@@ -17,6 +17,7 @@ import numpy as np
 
 from numpy_engine import checks
 from numpy_engine.checks import InputError
+from numpy_engine.dropout import drops, step_dropout
 from numpy_engine.keys import sub
 from numpy_engine.layers import (
     ACTIVATIONS,
@@ -180,10 +181,15 @@ class Model:
         )
         return self._backward(dlogits, cache)
 
-    def _loss_and_grads(self, inputs: tuple, targets: np.ndarray) -> tuple[float, dict]:
+    def _loss_and_grads(
+        self, inputs: tuple, targets: np.ndarray, dropout_rng=None
+    ) -> tuple[float, dict]:
         """Mean cross-entropy over the targets that count, and its gradient for every
-        parameter."""
-        logits, cache = self.forward(*inputs)
+        parameter. dropout_rng: a training step's generator of dropout masks, for a kind
+        whose forward takes dropout= (None: nothing dropped)."""
+        dropout = step_dropout(self.config, dropout_rng)
+        training = {} if dropout is None else {"dropout": dropout}
+        logits, cache = self.forward(*inputs, **training)
         targets = self._targets(targets, logits)
         loss, ce_cache = cross_entropy_forward(logits, targets, self.ignore_index())
         dlogits = cross_entropy_backward(1.0, ce_cache)
@@ -195,9 +201,9 @@ class Model:
         return float(cross_entropy_forward(logits, targets, self.ignore_index())[0])
 
     def uses_dropout(self) -> bool:
-        """True when training steps drop (the config has a dropout rate above 0): the loop
-        then gives loss_and_grads a dropout_rng. A kind without dropout keeps this False."""
-        return False
+        """True when training steps drop (the config has a dropout rate above 0, in fields
+        named as dropout.SITES say): the loop then gives loss_and_grads a dropout_rng."""
+        return drops(self.config)
 
     def count_targets(self, targets: np.ndarray) -> int:
         """How many of a batch's targets count in its loss: the mean's denominator."""

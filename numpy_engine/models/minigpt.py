@@ -24,7 +24,7 @@ from numpy_engine.blocks import (
     self_attention_block_forward,
 )
 from numpy_engine.checks import InputError
-from numpy_engine.dropout import SITES, Dropout, check_rate, dropped, site_mask
+from numpy_engine.dropout import check_rates, dropped, drops, site_mask, step_dropout
 from numpy_engine.keys import sub, with_prefix
 from numpy_engine.layers import (
     embedding_backward,
@@ -66,15 +66,9 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
-        for site in SITES:
-            check_rate(f"{site}_dropout", getattr(self, f"{site}_dropout"))
+        check_rates(self)
         if self.eos_id is not None and not 0 <= self.eos_id < self.vocab_size:
             raise InputError(f"eos_id={self.eos_id} must be in [0, vocab_size={self.vocab_size})")
-
-
-def drops(cfg: GPTConfig) -> bool:
-    """Whether the config's training steps drop anything: a dropout rate above 0."""
-    return any(getattr(cfg, f"{site}_dropout") > 0 for site in SITES)
 
 
 def normal_init(rng: np.random.Generator):
@@ -184,7 +178,7 @@ class MiniGPT(Model):
         """As Model's, with the head and the loss fused (losses.linear_cross_entropy): the
         (B, T, V) logits exist once, and become their own gradient. dropout_rng: a training
         step's generator of dropout masks (None: nothing dropped)."""
-        x, cache = self._trunk_forward(*inputs, dropout=self._dropout(dropout_rng))
+        x, cache = self._trunk_forward(*inputs, dropout=step_dropout(self.config, dropout_rng))
         targets = self._targets(targets, x)
         head, ignore = self._head(), self.ignore_index()
         loss, dx, head_grads = linear_cross_entropy(x, *head, targets, ignore, cache.head_affine)
@@ -213,16 +207,6 @@ class MiniGPT(Model):
         """Mean next-token cross-entropy (targets of -100 are ignored) and its gradients;
         with dropout_rng (a training step's), the config's dropout applies, masks from it."""
         return self._loss_and_grads((idx,), targets, dropout_rng)
-
-    def uses_dropout(self) -> bool:
-        return drops(self.config)
-
-    def _dropout(self, rng) -> Dropout | None:
-        """The step's Dropout at the config's rates; None without a generator or rates."""
-        if rng is None or not self.uses_dropout():
-            return None
-        rates = {site: getattr(self.config, f"{site}_dropout") for site in SITES}
-        return Dropout(rng, **rates)
 
     def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
         return self._loss((idx,), targets)

@@ -29,6 +29,7 @@ from numpy_engine.blocks import (
     self_attention_block_forward,
 )
 from numpy_engine.checks import InputError
+from numpy_engine.dropout import check_rates, dropped, drops, site_mask
 from numpy_engine.keys import with_prefix
 from numpy_engine.layers import (
     embedding_backward,
@@ -69,10 +70,16 @@ class Seq2SeqConfig:
     dtype: str = "float32"
     bos_id: int = 1  # the decoder's first input
     eos_id: int = 2  # ends an output
+    # dropout rates of training steps (dropout.py): after both embeddings, on every
+    # attention's weights, and on each sublayer's output
+    embed_dropout: float = 0.0
+    attn_dropout: float = 0.0
+    resid_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         sizes = ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers")
         check_sizes(self, sizes)
+        check_rates(self)
         for name in ("pad_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise InputError(
@@ -89,6 +96,7 @@ class EncoderCache(NamedTuple):
     src_embed: tuple
     blocks: list
     norm: tuple
+    embed_drop: np.ndarray | None = None  # the embeddings' dropout mask (B, S, C)
 
 
 class DecoderCache(NamedTuple):
@@ -96,6 +104,7 @@ class DecoderCache(NamedTuple):
     blocks: list
     norm: tuple
     readout: tuple
+    embed_drop: np.ndarray | None = None  # (B, T, C)
 
 
 class Seq2SeqCache(NamedTuple):
@@ -136,30 +145,35 @@ class Seq2SeqTransformer(Model):
         params.update(with_prefix(linear_params(init, cfg.vocab_size, C), "readout."))
         return params
 
-    def forward(self, source: np.ndarray, decoder_input: np.ndarray) -> tuple:
-        """Logits (B, T, V) for source (B, S) and decoder_input (B, T), both int ids."""
-        memory, encoder = self.encode(source)
-        logits, decoder = self.decode(memory, source, decoder_input)
+    def forward(self, source: np.ndarray, decoder_input: np.ndarray, dropout=None) -> tuple:
+        """Logits (B, T, V) for source (B, S) and decoder_input (B, T), both int ids.
+        dropout: a training step's (dropout.py), whose masks the cache keeps."""
+        memory, encoder = self.encode(source, dropout)
+        logits, decoder = self.decode(memory, source, decoder_input, dropout)
         return logits, Seq2SeqCache(encoder, decoder, logits.shape)
 
-    def encode(self, source: np.ndarray) -> tuple:
+    def encode(self, source: np.ndarray, dropout=None) -> tuple:
         """The memory (B, S, C) that every decoder block's cross-attention reads."""
         cfg, p = self.config, self.params
         source = self.check_source(source)
         src_visible = padding_visible(source, cfg.pad_id)  # (B, 1, 1, S)
         x, src_embed = embedding_forward(source, p["embed.weight"], cfg.pad_id)  # (B, S, C)
         x, _ = sinusoidal_forward(x)
+        embed_drop = site_mask(dropout, "embed", x.shape, x.dtype)
+        x = dropped(x, embed_drop)  # x is the positions' fresh sum
         blocks = []
         for i in range(cfg.n_encoder_layers):
             block_p = self._under(f"encoder.{i}.")
             x, block = self_attention_block_forward(
-                x, block_p, cfg.n_heads, src_visible, cfg.activation
+                x, block_p, cfg.n_heads, src_visible, cfg.activation, dropout=dropout
             )
             blocks.append(block)
         memory, norm = layernorm_forward(x, p["encoder_norm.weight"], p["encoder_norm.bias"])
-        return memory, EncoderCache(src_embed, blocks, norm)
+        return memory, EncoderCache(src_embed, blocks, norm, embed_drop)
 
-    def decode(self, memory: np.ndarray, source: np.ndarray, decoder_input: np.ndarray) -> tuple:
+    def decode(
+        self, memory: np.ndarray, source: np.ndarray, decoder_input: np.ndarray, dropout=None
+    ) -> tuple:
         """Logits (B, T, V) for decoder_input (B, T); cross-attention skips PAD in source."""
         cfg, p = self.config, self.params
         decoder_input = checks.check_token_ids("decoder_input", decoder_input, cfg.vocab_size)
@@ -170,16 +184,25 @@ class Seq2SeqTransformer(Model):
         )  # (B, 1, T, T)
         y, tgt_embed = embedding_forward(decoder_input, p["embed.weight"], cfg.pad_id)  # (B, T, C)
         y, _ = sinusoidal_forward(y)
+        embed_drop = site_mask(dropout, "embed", y.shape, y.dtype)
+        y = dropped(y, embed_drop)
         blocks = []
         for i in range(cfg.n_decoder_layers):
             block_p = self._under(f"decoder.{i}.")
             y, block = decoder_block_forward(
-                y, memory, block_p, cfg.n_heads, tgt_visible, src_visible, cfg.activation
+                y,
+                memory,
+                block_p,
+                cfg.n_heads,
+                tgt_visible,
+                src_visible,
+                cfg.activation,
+                dropout=dropout,
             )
             blocks.append(block)
         y, norm = layernorm_forward(y, p["decoder_norm.weight"], p["decoder_norm.bias"])
         logits, readout = linear_forward(y, p["readout.weight"], p["readout.bias"])  # (B, T, V)
-        return logits, DecoderCache(tgt_embed, blocks, norm, readout)
+        return logits, DecoderCache(tgt_embed, blocks, norm, readout, embed_drop)
 
     def _backward(self, dlogits: np.ndarray, cache: Seq2SeqCache) -> dict[str, np.ndarray]:
         grads: dict[str, np.ndarray] = {}
@@ -198,7 +221,8 @@ class Seq2SeqTransformer(Model):
             dy, dmemory_i, block_grads = decoder_block_backward(dy, cache.blocks[i])
             dmemory = dmemory + dmemory_i  # memory fed every decoder block's cross-attention
             grads |= with_prefix(block_grads, f"decoder.{i}.")
-        # forward was y = embed[decoder_input] + sinusoid[t]
+        # forward was y = drop(embed[decoder_input] + sinusoid[t]); dy is a block's fresh dy
+        dy = dropped(dy, cache.embed_drop)
         _, embed_grads = embedding_backward(sinusoidal_backward(dy, None), cache.tgt_embed)
         return dmemory, embed_grads["weight"]
 
@@ -209,15 +233,17 @@ class Seq2SeqTransformer(Model):
         for i in reversed(range(len(cache.blocks))):  # forward was x = block_i(x)
             dx, block_grads = self_attention_block_backward(dx, cache.blocks[i])
             grads |= with_prefix(block_grads, f"encoder.{i}.")
-        # forward was x = embed[source] + sinusoid[t]
+        # forward was x = drop(embed[source] + sinusoid[t]); dx is a block's fresh dx
+        dx = dropped(dx, cache.embed_drop)
         _, embed_grads = embedding_backward(sinusoidal_backward(dx, None), cache.src_embed)
         return embed_grads["weight"]
 
     def loss_and_grads(
-        self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray
+        self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray, dropout_rng=None
     ) -> tuple[float, dict[str, np.ndarray]]:
-        """Mean cross-entropy over non-padding targets, and its gradient for every parameter."""
-        return self._loss_and_grads((source, decoder_input), target)
+        """Mean cross-entropy over non-padding targets, and its gradient for every parameter;
+        with dropout_rng (a training step's), the config's dropout applies, masks from it."""
+        return self._loss_and_grads((source, decoder_input), target, dropout_rng)
 
     def loss(self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray) -> float:
         return self._loss((source, decoder_input), target)
@@ -299,7 +325,9 @@ class Seq2SeqTransformer(Model):
         copy); the stacked projection weights each layer keeps, 3 C^2 in an encoder layer
         and 5 C^2 in a decoder layer (q, k, v and the cross-attention's k, v); and
         WEIGHT_COPIES of a decoder block's weights or of the embedding, whichever is larger
-        (the source's and the target's gradients of the shared table are summed)."""
+        (the source's and the target's gradients of the shared table are summed). With
+        dropout, each layer keeps its masks too (its weights' and three outputs'), and one
+        dropped copy of weights and of an output lives at a time."""
         C, F = cfg.d_model, cfg.d_ff
         B, S, T = batch_size, length, length + 1
         layers = cfg.n_encoder_layers + cfg.n_decoder_layers
@@ -309,6 +337,8 @@ class Seq2SeqTransformer(Model):
         decoder_block = 8 * C * C + 2 * C * F  # two attentions' four projections, the FFN
         largest = max(decoder_block, cfg.vocab_size * C)
         activations = layers * (B * (S + T) * per_token + 3 * cells) + 4 * B * T * cfg.vocab_size
+        if drops(cfg):
+            activations += (layers + 1) * (cells + 3 * B * (S + T) * C)
         return activations + kept + WEIGHT_COPIES * largest
 
 
