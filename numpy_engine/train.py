@@ -177,7 +177,11 @@ def train_char_lm(
     if state is None and cfg.dropout is not None:  # a resumed model's config holds its rates
         _set_dropout(model, cfg.dropout)
     if cfg.context > model.config.max_len:
-        raise InputError(f"context={cfg.context} is longer than the model's {model.config.max_len}")
+        most = model.config.max_len
+        raise InputError(
+            f"context={cfg.context} is longer than the model's {most} positions (its max_len): "
+            f"give --context {most} or less"
+        )
     what = f"batch_size={cfg.batch_size} with context={cfg.context}"
     check_step_fits(what, model, cfg, cfg.context, state, parallel)
     train_ids, heldout = _split_text(cfg, corpus, model)
@@ -367,7 +371,9 @@ def resume(
     its optimizer_state is emptied as it is read into the optimizer, each array going once
     copied: kept, it would hold a second copy of the moments for the whole run (1 GB on
     GPT-2), and whole until the last copy, it made the resumed run's peak (2472 MB, 2274 now).
-    keep_best: as Checkpointing's (a setting of where the run writes, not of its training)."""
+    keep_best: as Checkpointing's (a setting of where the run writes, not of its training);
+    a run that kept its best (out_dir/BEST exists) keeps it on without being asked, so that
+    best/ cannot go stale while later evaluations beat it."""
     checkpoint = load_checkpoint(out_dir) if checkpoint is None else checkpoint
     meta = checkpoint.meta
     missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
@@ -393,7 +399,9 @@ def resume(
             f"--steps {steps}: the run in {out_dir} raises its lr over its first {cfg.warmup} "
             f"steps (--warmup {cfg.warmup}); give --steps N with N > {cfg.warmup}"
         )
-    if keep_best and isinstance(cfg, CharTrainConfig):  # a sequence task's run refuses it
+    if isinstance(cfg, CharTrainConfig):  # a sequence task's run refuses keep_best
+        keep_best = keep_best or resolve(Path(out_dir) / BEST).exists()
+    if keep_best and isinstance(cfg, CharTrainConfig):
         _refuse_a_best_already_lost(Path(out_dir), meta["history"])
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]

@@ -19,7 +19,7 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
 import torch  # noqa: E402
-from hypothesis import settings  # noqa: E402
+from hypothesis import Phase, settings  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 threadpool_limits(1)  # numpy may have started its BLAS before this file was read
@@ -34,6 +34,16 @@ settings.register_profile(
     "ci", max_examples=60, derandomize=True, database=None, deadline=None, print_blob=True
 )
 settings.register_profile("explore", max_examples=500, deadline=None, print_blob=True)
+# For `python -m mutation`: the default's examples, but a failing test stops at its first
+# failure instead of shrinking it (shrinking a mutant's failure ran past the time limit)
+settings.register_profile(
+    "mutation",
+    max_examples=15,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=(Phase.explicit, Phase.generate),
+)
 settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
 )

@@ -128,6 +128,22 @@ def test_resuming_with_keep_best_needs_the_best_kept_so_far(tmp_path):
     assert load_checkpoint(kept / "best").meta["step"] == best["step"]
 
 
+def test_a_run_that_kept_its_best_keeps_it_on_when_resumed_without_the_flag(tmp_path):
+    """Resumed without --keep-best, a run started with it goes on keeping its best: else
+    best/ would stay at an evaluation that later ones beat. The held-out loss here falls at
+    every evaluation, so the best is the last one."""
+    from numpy_engine.configs import CharTrainConfig
+
+    cfg = CharTrainConfig(steps=10, eval_every=5, holdout=0.3)
+    train.run_task(cfg, None, None, train.Checkpointing(tmp_path, 10, keep_best=True))
+    assert load_checkpoint(tmp_path / "best").meta["step"] == 10
+    resumed = train.resume(tmp_path, None, steps=20)
+    losses = [e["heldout_loss"] for e in resumed.history["eval"]]
+    assert losses == sorted(losses, reverse=True) and len(losses) == 4  # steps 5 .. 20
+    assert resumed.result["best"]["step"] == 20
+    assert load_checkpoint(tmp_path / "best").meta["step"] == 20
+
+
 def test_resuming_a_run_without_a_holdout_with_keep_best_is_refused_as_a_new_one(tmp_path):
     from numpy_engine.configs import CharTrainConfig
 

@@ -458,15 +458,18 @@ def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail, exp)
 @pytest.mark.parametrize("B, rows", [(5, 2), (2, 1)])
 @pytest.mark.parametrize("offset", [0.0, 100.0])
 @pytest.mark.parametrize("mask", ["causal", "padding", "per head", "none"])
+@pytest.mark.parametrize("dropped", [False, True], ids=["", "dropout"])
 def test_attention_in_batch_groups_is_bit_identical_to_one_group(
-    monkeypatch, mask, offset, B, rows
+    monkeypatch, dropped, mask, offset, B, rows
 ):
     """Attention runs a group of batch rows at a time past attention.WHOLE_BYTES: forced here
     onto groups of `rows` batch rows of B (5 in groups of 2 has a short last group), the
     same bits as one group, weights too. At offset 100 every score is near 100, so each
     group's softmax takes the textbook path (softmax_last), which must write its weights
-    into the group's rows too."""
+    into the group's rows too. dropped: with a dropout mask on the weights, whose group
+    rows go with the scores'."""
     from numpy_engine import attention as A
+    from numpy_engine.dropout import Dropout
 
     rng = rng_of(0)
     q, k, v, dy = (rng.standard_normal((B, 3, 4, 6)).astype(np.float32) for _ in range(4))
@@ -479,12 +482,13 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(
         "per head": random_visible(rng, (1, 3, 4, 4), "random"),  # shared by the batch rows
         "none": None,
     }[mask]
-    one_y, one_cache = A.attention_forward(q, k, v, visible)
+    drop = Dropout(rng, attn=0.4).mask("attn", (B, 3, 4, 4), np.float32) if dropped else None
+    one_y, one_cache = A.attention_forward(q, k, v, visible, drop=drop)
     one_grads = A.attention_backward(dy, one_cache)
     monkeypatch.setattr(A, "WHOLE_BYTES", 0)
     monkeypatch.setattr(A, "GROUP_BYTES", rows * 3 * 4 * 4 * 4)  # rows of float32 scores
     assert len(A.batch_groups((B, 3, 4, 4), 4)) == -(-B // rows)
-    y, cache = A.attention_forward(q, k, v, visible)
+    y, cache = A.attention_forward(q, k, v, visible, drop=drop)
     assert np.array_equal(y, one_y) and y.dtype == np.float32
     assert np.array_equal(cache.weights, one_cache.weights)
     for grouped, whole in zip(A.attention_backward(dy, cache), one_grads, strict=True):

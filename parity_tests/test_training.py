@@ -286,7 +286,8 @@ def test_fine_tuning_starts_from_the_checkpoints_weights_and_refuses_a_longer_co
     first_batch = CharCorpus(DEFAULT_TEXT).batch(np.random.default_rng([7, 1]), 32, 8)
     assert tuned.history["train_loss"][0] == start.model.loss(*first_batch)
     cfg = replace(cfg, context=16)
-    with pytest.raises(ValueError, match="context=16 is longer than the model's 8"):
+    words = r"context=16 is longer than the model's 8 positions \(its max_len\): give --context 8"
+    with pytest.raises(ValueError, match=words):
         train_char_lm(cfg, progress_stream=None)
 
 
