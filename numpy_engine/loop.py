@@ -172,7 +172,7 @@ def check_finite(step: int, grads: dict[str, np.ndarray]) -> None:
             )
 
 
-def guarded_loss_and_grads(model, step: int, batch: tuple, seed: int = 0, part: int = 0):
+def guarded_loss_and_grads(model, step: int, batch: tuple, seed: int, part: int = 0):
     """One batch's loss and gradients; an overflow or a division by zero anywhere in them is
     TrainingDiverged, naming the step and the largest parameter (a value past float's range
     can hide in a finite loss: an infinite variance makes layernorm's output 0). A model

@@ -182,7 +182,7 @@ def test_without_a_generator_or_a_rate_nothing_is_dropped():
     assert not plain.uses_dropout() and dropping.uses_dropout()
 
 
-@pytest.mark.parametrize("rate", [1.0, -0.1, "0.1", True, float("nan")])
+@pytest.mark.parametrize("rate", [1.0, -0.1, "0.1", True, False, float("nan")])
 def test_a_rate_outside_zero_to_one_is_refused_by_name(rate):
     with pytest.raises(InputError, match=r"attn_dropout=.* must be a number in \[0, 1\)"):
         ne.GPTConfig(attn_dropout=rate)
@@ -204,6 +204,37 @@ def test_each_step_and_part_draws_its_own_masks():
     assert len(set(draws.values())) == 4
     assert training_rng(7, 2, 1).random(4).tobytes() == draws[(2, 1)]  # resumed: the same
     assert training_rng(8, 2, 1).random(4).tobytes() != draws[(2, 1)]  # another seed
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_loop_draws_each_steps_masks_from_its_seed_step_and_part(monkeypatch, accumulate):
+    """training_rng(seed, step, part), as the README tells a loop of its own to draw them:
+    part 0 in one process, parts 0 .. K - 1 over K micro-batches."""
+    from numpy_engine import train
+    from numpy_engine.configs import CharTrainConfig
+
+    states, loss_and_grads = [], ne.MiniGPT.loss_and_grads
+
+    def recorded(self, idx, targets, dropout_rng=None):
+        states.append(dropout_rng.bit_generator.state["state"])
+        return loss_and_grads(self, idx, targets, dropout_rng)
+
+    monkeypatch.setattr(ne.MiniGPT, "loss_and_grads", recorded)
+    cfg = CharTrainConfig(steps=3, batch_size=4, context=8, dropout=0.1, seed=5)
+    parallel = DataParallel(OneProcess(), accumulate) if accumulate > 1 else None
+    train.run_task(cfg, None, None, parallel=parallel)
+    keys = [(step, part) for step in (1, 2, 3) for part in range(accumulate)]
+    assert states == [training_rng(5, s, p).bit_generator.state["state"] for s, p in keys]
+
+
+def test_a_run_config_refuses_a_rate_of_one_and_takes_zero():
+    from numpy_engine.configs import CharTrainConfig, SequenceTrainConfig
+    from numpy_engine.loop import check_run_config
+
+    for run in (CharTrainConfig(), SequenceTrainConfig()):
+        check_run_config(dataclasses.replace(run, dropout=0.0))
+        with pytest.raises(InputError, match=r"dropout must be a number in \[0, 1\), got 1.0"):
+            check_run_config(dataclasses.replace(run, dropout=1.0))
 
 
 def test_each_rank_and_micro_batch_of_a_step_is_a_part_of_its_own():

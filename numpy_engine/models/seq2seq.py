@@ -338,8 +338,21 @@ class Seq2SeqTransformer(Model):
         largest = max(decoder_block, cfg.vocab_size * C)
         activations = layers * (B * (S + T) * per_token + 3 * cells) + 4 * B * T * cfg.vocab_size
         if drops(cfg):
-            activations += (layers + 1) * (cells + 3 * B * (S + T) * C)
+            activations += _dropout_values(cfg, B, S, T)
         return activations + kept + WEIGHT_COPIES * largest
+
+
+def _dropout_values(cfg: Seq2SeqConfig, B: int, S: int, T: int) -> int:
+    """The masks a step with dropout keeps: per encoder layer its weights' (S x S per head)
+    and two outputs', per decoder layer its two attentions' (T x (T + S)) and three
+    outputs', and the two embeddings'; and one dropped copy of weights and of an output."""
+    C, H = cfg.d_model, cfg.n_heads
+    encoder_layer = B * H * S * S + 2 * B * S * C
+    decoder_cells = B * H * T * (T + S)
+    decoder_layer = decoder_cells + 3 * B * T * C
+    embeddings = B * (S + T) * C
+    layers = cfg.n_encoder_layers * encoder_layer + cfg.n_decoder_layers * decoder_layer
+    return layers + embeddings + decoder_cells + B * max(S, T) * C
 
 
 class RerunSeq2SeqDecoder:
