@@ -225,6 +225,8 @@ def test_the_loop_draws_each_steps_masks_from_its_seed_step_and_part(monkeypatch
     train.run_task(cfg, None, None, parallel=parallel)
     keys = [(step, part) for step in (1, 2, 3) for part in range(accumulate)]
     assert states == [training_rng(5, s, p).bit_generator.state["state"] for s, p in keys]
+    if accumulate == 1:  # the README's and the example's call, without a part
+        assert states == [training_rng(5, s).bit_generator.state["state"] for s in (1, 2, 3)]
 
 
 def test_a_run_config_refuses_a_rate_of_one_and_takes_zero():

@@ -352,6 +352,20 @@ def test_what_dropout_takes_more_is_counted_more_and_not_much_more(
     assert more <= counted_dropping - counted <= 1.5 * more
 
 
+@pytest.mark.parametrize("layers", [(3, 1), (1, 3)], ids=["encoder", "decoder"])
+def test_what_dropout_takes_more_in_either_stack_is_counted_more(layers):
+    """As above, for the copy model's stacks apart: an encoder layer keeps its one
+    attention's masks and two outputs', a decoder layer its two attentions' and three."""
+    sizes = dict(vocab_size=5, d_model=32, n_heads=4, d_ff=64)
+    counted, measured = counted_and_measured_bytes(copy_model, sizes, layers, 32, 8)
+    dropping = sizes | dict.fromkeys(DROPOUT_RATES, 0.1)
+    counted_dropping, measured_dropping = counted_and_measured_bytes(
+        copy_model, dropping, layers, 32, 8
+    )
+    more = measured_dropping - measured
+    assert more <= counted_dropping - counted <= 1.5 * more
+
+
 def test_a_resumed_run_holds_the_moments_once(tmp_path):
     """The moments read from a checkpoint go into the optimizer, and the checkpoint's own
     arrays of them go: kept for the whole resumed run (the command line holds the checkpoint
