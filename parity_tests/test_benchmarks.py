@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -234,6 +235,39 @@ def test_optimizer_threads_main_measures_what_its_flags_say_and_prints_the_repor
     assert capsys.readouterr().out == optimizer_threads.report(1000, 3, 5, result) + "\n"
     optimizer_threads.main([])
     assert asked[-1] == (optimizer_threads.GPT2_PARAMETERS, 2, 8)
+
+
+def test_dropout_benchmark_steps_each_side_from_the_same_weights_and_drops_on_two():
+    """The four sides' first steps on batch 0: the engine and torch without dropout take the
+    same loss (to float32 rounding); with it, each takes another, and the engine's is the one
+    its training_rng(0, 1) masks give."""
+    from benchmarks import dropout
+    from numpy_engine.dropout import training_rng
+
+    sides = dropout._sides("copy", 0.3, 1)
+    loss = {side: float(step(0)) for side, step in sides.items()}
+    assert abs(loss["engine"] - loss["torch"]) <= 1e-5 * loss["torch"]
+    assert abs(loss["engine, dropout"] - loss["engine"]) > 1e-3
+    assert abs(loss["torch, dropout"] - loss["torch"]) > 1e-3
+    plain, _, batches, _ = dropout.build(dropout.WORKLOADS["copy"], 1)
+    rates = {f"{site}_dropout": 0.3 for site in dropout.SITES}
+    dropping = type(plain).with_params(replace(plain.config, **rates), plain.params)
+    assert dropping.loss_and_grads(*batches[0], training_rng(0, 1))[0] == loss["engine, dropout"]
+
+
+def test_dropout_benchmark_times_every_side_and_reports_the_ratios(monkeypatch, capsys):
+    from benchmarks import dropout
+
+    times = dropout.measure("copy", 0.1, 2)
+    assert set(times) == set(dropout.SIDES) and all(len(ms) == 2 for ms in times.values())
+    assert all(ms > 0 for side in times.values() for ms in side)
+    times = {"engine": [1.0], "engine, dropout": [1.5], "torch": [2.0], "torch, dropout": [4.0]}
+    monkeypatch.setattr(dropout, "measure", lambda *args: times)
+    dropout.main(["--config", "copy", "--rate", "0.2", "--rounds", "1"])
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "  dropout adds: engine 1.500x, torch 2.000x",
+        "  engine / torch: with dropout 0.375, without 0.500",
+    ]
 
 
 def test_optimizer_threads_reports_each_median_and_their_ratios():
@@ -851,6 +885,8 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
             "argument --threads: must be a positive integer, got 0",
         ),
         ("optimizer_threads", ["--size", "x"], "argument --size: invalid positive_int value"),
+        ("dropout", ["--rate", "1"], "argument --rate: must be at least 0 and below 1, got 1"),
+        ("dropout", ["--config", "gpt2"], "argument --config: invalid choice: 'gpt2'"),
     ],
 )
 def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, capsys):
