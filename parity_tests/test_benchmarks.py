@@ -238,36 +238,67 @@ def test_optimizer_threads_main_measures_what_its_flags_say_and_prints_the_repor
 
 
 def test_dropout_benchmark_steps_each_side_from_the_same_weights_and_drops_on_two():
-    """The four sides' first steps on batch 0: the engine and torch without dropout take the
-    same loss (to float32 rounding); with it, each takes another, and the engine's is the one
-    its training_rng(0, 1) masks give."""
+    """The four sides' two first steps on batches 0 and 1: the engine and torch without
+    dropout take the same losses (to float32 rounding: the same weights, update and batch);
+    with it, each takes another, and the engine's are those its training_rng(0, i + 1)
+    masks and a step of its workload's optimizer give."""
     from benchmarks import dropout
     from numpy_engine.dropout import training_rng
 
-    sides = dropout._sides("copy", 0.3, 1)
-    loss = {side: float(step(0)) for side, step in sides.items()}
-    assert abs(loss["engine"] - loss["torch"]) <= 1e-5 * loss["torch"]
-    assert abs(loss["engine, dropout"] - loss["engine"]) > 1e-3
-    assert abs(loss["torch, dropout"] - loss["torch"]) > 1e-3
-    plain, _, batches, _ = dropout.build(dropout.WORKLOADS["copy"], 1)
+    sides = dropout._sides("copy", 0.3, 2)
+    loss = {side: [float(step(i)) for i in (0, 1)] for side, step in sides.items()}
+    for i in (0, 1):
+        assert abs(loss["engine"][i] - loss["torch"][i]) <= 1e-5 * loss["torch"][i]
+        assert abs(loss["engine, dropout"][i] - loss["engine"][i]) > 1e-3
+        assert abs(loss["torch, dropout"][i] - loss["torch"][i]) > 1e-3
+    plain, _, batches, _ = dropout.build(dropout.WORKLOADS["copy"], 2)
     rates = {f"{site}_dropout": 0.3 for site in dropout.SITES}
     dropping = type(plain).with_params(replace(plain.config, **rates), plain.params)
-    assert dropping.loss_and_grads(*batches[0], training_rng(0, 1))[0] == loss["engine, dropout"]
+    optimizer = dropout.WORKLOADS["copy"].optimizer(dropping.params, lr=1e-3)
+    first, grads = dropping.loss_and_grads(*batches[0], training_rng(0, 1))
+    optimizer.step(dropping.flat, grads, max_grad_norm=1.0)
+    second, _ = dropping.loss_and_grads(*batches[1], training_rng(0, 2))
+    assert [first, second] == loss["engine, dropout"]
 
 
-def test_dropout_benchmark_times_every_side_and_reports_the_ratios(monkeypatch, capsys):
+def test_dropout_benchmark_times_every_side_on_one_thread(monkeypatch):
+    import torch
+
+    from benchmarks import dropout
+    from numpy_engine.threads import threads
+
+    seen = []
+
+    def timed(step, i):  # each step's threads, and a step of 2 ms
+        seen.append((torch.get_num_threads(), threads()))
+        return 0.002, step(i)
+
+    monkeypatch.setattr(dropout, "timed", timed)
+    torch.set_num_threads(2)
+    times = dropout.measure("copy", 0.1, 2)
+    assert times == {side: [2.0, 2.0] for side in dropout.SIDES}
+    assert seen == [(1, 1)] * 4 * (2 + dropout.UNTIMED_ROUNDS)
+
+
+def test_dropout_benchmark_main_measures_what_its_flags_say_and_reports_the_ratios(
+    monkeypatch, capsys
+):
     from benchmarks import dropout
 
-    times = dropout.measure("copy", 0.1, 2)
-    assert set(times) == set(dropout.SIDES) and all(len(ms) == 2 for ms in times.values())
-    assert all(ms > 0 for side in times.values() for ms in side)
+    asked = []
     times = {"engine": [1.0], "engine, dropout": [1.5], "torch": [2.0], "torch, dropout": [4.0]}
-    monkeypatch.setattr(dropout, "measure", lambda *args: times)
-    dropout.main(["--config", "copy", "--rate", "0.2", "--rounds", "1"])
-    assert capsys.readouterr().out.splitlines()[-2:] == [
+    monkeypatch.setattr(dropout, "measure", lambda *args: asked.append(args) or times)
+    dropout.main(["--config", "copy", "--rate", "0.2", "--rounds", "7"])
+    assert asked == [("copy", 0.2, 7)]
+    out = capsys.readouterr().out
+    assert out == dropout.report("copy", 0.2, times) + "\n"
+    assert out.splitlines()[0] == "copy, dropout 0.2, one thread, 1 steps a side (ms):"
+    assert out.splitlines()[-2:] == [
         "  dropout adds: engine 1.500x, torch 2.000x",
         "  engine / torch: with dropout 0.375, without 0.500",
     ]
+    dropout.main([])
+    assert asked[-1] == ("char-lm", 0.1, 40)
 
 
 def test_optimizer_threads_reports_each_median_and_their_ratios():
