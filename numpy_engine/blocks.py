@@ -19,6 +19,7 @@ from numpy_engine.attention import (
     self_attention_backward,
     self_attention_forward,
 )
+from numpy_engine.checks import InputError
 from numpy_engine.dropout import Dropout, dropped, dropped_copy, site_mask
 from numpy_engine.keys import sub
 from numpy_engine.layers import (
@@ -69,6 +70,13 @@ def _residual(skip: np.ndarray, branch: np.ndarray) -> np.ndarray:
     return branch
 
 
+def _training_only(dropout: Dropout | None, past) -> None:
+    """Dropout is a training step's, over whole sequences: decoding (past keys and values)
+    drops nothing."""
+    if dropout is not None and past is not None:
+        raise InputError("dropout applies to training steps, not to decoding with past keys")
+
+
 def _named(**parts: dict) -> dict[str, np.ndarray]:
     """One grads dict from each sublayer's, keyed "<sublayer>.<key>" in the order given."""
     return {f"{name}.{key}": value for name, grads in parts.items() for key, value in grads.items()}
@@ -106,8 +114,9 @@ def self_attention_block_forward(
     before it joins the residual, as GPT-2's block: h = x + drop(attn(ln1(x))).
     """
     B, T, _ = x.shape
+    _training_only(dropout, past)
     xn, ln1, affine = normed(x, p, "ln1", 3 * x.shape[-1])  # into q, k, v
-    weights_drop = site_mask(dropout, "attn", (B, n_heads, T, T), xn.dtype)  # no past: training
+    weights_drop = site_mask(dropout, "attn", (B, n_heads, T, T), xn.dtype)
     a, attn = self_attention_forward(
         xn, sub(p, "attn."), n_heads, visible, past, affine, weights_drop
     )
@@ -169,8 +178,9 @@ def decoder_block_forward(
     self_attention_block_forward.
     """
     B, T, _ = y.shape
+    _training_only(dropout, past)
     yn, ln1, affine = normed(y, p, "ln1", 3 * y.shape[-1])
-    weights_drop = site_mask(dropout, "attn", (B, n_heads, T, T), yn.dtype)  # no past: training
+    weights_drop = site_mask(dropout, "attn", (B, n_heads, T, T), yn.dtype)
     a, self_attn = self_attention_forward(
         yn, sub(p, "self_attn."), n_heads, self_visible, past, affine, weights_drop
     )

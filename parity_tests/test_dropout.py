@@ -158,6 +158,23 @@ def test_a_mask_keeps_one_minus_rate_of_its_entries_scaled_by_its_inverse():
     assert Dropout(np.random.default_rng(0), resid=0.3).mask("attn", (4,), np.float32) is None
 
 
+def test_decoding_with_past_keys_takes_no_dropout():
+    from numpy_engine.attention import KeysValues
+    from numpy_engine.blocks import decoder_block_forward, self_attention_block_forward
+
+    x = np.random.default_rng(0).standard_normal((3, 1, 8))
+    past = KeysValues(np.zeros((3, 2, 4, 4)), np.zeros((3, 2, 4, 4)))
+    dropout = Dropout(np.random.default_rng(0), attn=0.1)
+    words = "dropout applies to training steps, not to decoding with past keys"
+    block = small_gpt()[0]._under("blocks.0.")
+    with pytest.raises(InputError, match=words):
+        self_attention_block_forward(x, block, 2, None, "gelu", past, dropout=dropout)
+    seq2seq = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(d_model=8, n_heads=2), seed=0)
+    block = seq2seq._under("decoder.0.")
+    with pytest.raises(InputError, match=words):
+        decoder_block_forward(x, x, block, 2, None, None, "relu", past, dropout=dropout)
+
+
 def small_gpt(**rates) -> tuple:
     sizes = dict(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_layers=2, dtype="float64")
     model = ne.MiniGPT(ne.GPTConfig(**sizes, **rates), seed=3)
