@@ -150,8 +150,8 @@ class MiniGPT(Model):
                 blocks.append(block)
             del block  # else its activations go now, not once the next block has run
         x, final_norm, head_affine = normed(x, p, "final_norm", cfg.vocab_size)
-        cache = GPTCache(tok_embed, pos_embed, blocks, final_norm, head_affine, None, None)
-        return x, cache._replace(embed_drop=embed_drop)
+        norm = (final_norm, head_affine)
+        return x, GPTCache(tok_embed, pos_embed, blocks, *norm, None, None, embed_drop)
 
     def _backward(self, dlogits: np.ndarray, cache: GPTCache) -> dict[str, np.ndarray]:
         dx, head_grads = linear_backward(dlogits, cache.head)
