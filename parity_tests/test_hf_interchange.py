@@ -130,6 +130,11 @@ def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
     assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
     assert (back / "tokenizer.json").read_text() == (hf_dir / "tokenizer.json").read_text()
     assert json.loads((back / "config.json").read_text())["eos_token_id"] == eot
+    # transformers' default dropout, 0.1 at each site: imported, fine-tuned with, written back
+    config = load_checkpoint(tuned).model.config
+    assert (config.embed_dropout, config.attn_dropout, config.resid_dropout) == (0.1,) * 3
+    pdrop = (reloaded.config.embd_pdrop, reloaded.config.attn_pdrop, reloaded.config.resid_pdrop)
+    assert pdrop == (0.1,) * 3
 
 
 def spoiled(tmp_path, hf_dir, config=None, state=None):
