@@ -115,9 +115,11 @@ def test_an_error_on_rank_0_alone_ends_every_rank(tmp_path):
 
 def test_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     """... its held-out evaluations too, each rank taking its share of the windows; the
-    uninterrupted run keeps its best held-out weights (--keep-best), written by rank 0."""
+    uninterrupted run keeps its best held-out weights (--keep-best), written by rank 0. With
+    dropout: each rank's masks are keyed by the step and its rank, not drawn from a state."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     args = ["train", "char-lm", "--data-parallel", "--quiet", "--batch-size", "8"]
+    args += ["--dropout", "0.1"]
     args += ["--holdout", "0.2", "--eval-every", "10"]
     runner = [MPIEXEC, "-n", "2", sys.executable, *cli(*args, "--steps", "400")]
     runner += ["--out", str(killed), "--checkpoint-every", "10"]
