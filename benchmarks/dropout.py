@@ -1,6 +1,8 @@
 """What dropout costs a training step: the engine's against torch's, in one run.
 
-One workload of benchmarks/workloads.py (copy, char-lm or large), float32, one thread. Four
+One workload of benchmarks/workloads.py (copy, char-lm or large), or gpt2 (benchmarks/gpt2.py:
+the real size, batch 4 x 64, against transformers' GPT2LMHeadModel in eval and in training
+mode), float32, one thread. Four
 sides take their steps in turns, each on the same batches: the engine without dropout and
 with every rate at P, and the torch_reference twin without and with (in training mode: its
 nn.Dropout modules, and the attention's weights dropped by F.dropout, written out as the
@@ -11,6 +13,7 @@ clipping and the optimizer. Prints each side's median in ms, what dropout adds t
 
     python -m benchmarks.dropout                          # char-lm, P = 0.1, 40 rounds
     python -m benchmarks.dropout --config copy --rate 0.2 --rounds 60
+    python -m benchmarks.dropout --config gpt2 --rounds 4    # ~2 s a step, 6 GB
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import statistics
 
 import torch
 
+from benchmarks import gpt2
 from benchmarks.bench import build, torch_step
 from benchmarks.workloads import WORKLOADS, on_threads, timed
 from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.cli_args import dropout_rate, positive_int
 from numpy_engine.dropout import SITES, training_rng
+from numpy_engine.memory import keep_freed_memory
 
 SIDES = ("engine", "engine, dropout", "torch", "torch, dropout")
 UNTIMED_ROUNDS = 3  # first steps: allocations, the BLAS's first calls
@@ -33,6 +38,7 @@ UNTIMED_ROUNDS = 3  # first steps: allocations, the BLAS's first calls
 
 def measure(name: str, rate: float, rounds: int) -> dict[str, list[float]]:
     """Each side's step times in ms, `rounds` of them, the sides in turns on one thread."""
+    keep_freed_memory()  # as bench.run: a step after another side's reuses freed pages
     steps = _sides(name, rate, rounds + UNTIMED_ROUNDS)
     times: dict[str, list[float]] = {side: [] for side in SIDES}
     torch.set_num_threads(1)
@@ -47,6 +53,8 @@ def measure(name: str, rate: float, rounds: int) -> dict[str, list[float]]:
 
 def _sides(name: str, rate: float, n_batches: int) -> dict:
     """side name -> step(i): a training step on batch i, from the same initial weights."""
+    if name == gpt2.WORKLOAD:
+        return _gpt2_sides(rate, n_batches)
     plain, optimizer, batches, torch_optimizer_class = build(WORKLOADS[name], n_batches)
     rates = {f"{site}_dropout": rate for site in SITES}
     dropping = type(plain).with_params(dataclasses.replace(plain.config, **rates), plain.params)
@@ -74,6 +82,27 @@ def _sides(name: str, rate: float, n_batches: int) -> dict:
     }
 
 
+def _gpt2_sides(rate: float, n_batches: int) -> dict:
+    """GPT-2 at its real size (benchmarks/gpt2.py's trainers): the engine's steps, and
+    transformers' GPT2LMHeadModel's in eval mode and in training mode (its dropout on)."""
+    plain = gpt2.engine_model()
+    rates = {f"{site}_dropout": rate for site in SITES}
+    dropping = type(plain).with_params(dataclasses.replace(plain.config, **rates), plain.params)
+    trainers = {
+        "engine": gpt2.EngineTrainer(plain),
+        "engine, dropout": gpt2.EngineTrainer(dropping),
+    }
+    trainers["torch"] = gpt2.TorchTrainer(plain)
+    trainers["torch, dropout"] = gpt2.TorchTrainer(dropping)
+    trainers["torch, dropout"].hf.train()
+    data = gpt2.batches(n_batches, plain.config.vocab_size)
+    return {side: _on_batches(trainer, data) for side, trainer in trainers.items()}
+
+
+def _on_batches(trainer, data: list):
+    return lambda i: trainer.step(data[i])
+
+
 def report(name: str, rate: float, times: dict[str, list[float]]) -> str:
     median = {side: statistics.median(ms) for side, ms in times.items()}
     lines = [f"{name}, dropout {rate}, one thread, {len(times['engine'])} steps a side (ms):"]
@@ -94,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m benchmarks.dropout",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--config", choices=list(WORKLOADS), default="char-lm")
+    parser.add_argument("--config", choices=[*WORKLOADS, gpt2.WORKLOAD], default="char-lm")
     parser.add_argument(
         "--rate", type=dropout_rate, default=0.1, help="every site's rate (default: 0.1)"
     )

@@ -32,6 +32,7 @@ from benchmarks.workloads import (
     steps_argument,
     timed,
 )
+from numpy_engine.dropout import training_rng
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW
@@ -60,16 +61,20 @@ def batches(n: int, vocab_size: int = VOCAB) -> list[tuple[np.ndarray, np.ndarra
 class EngineTrainer:
     def __init__(self, model: GPT2) -> None:
         self.model, self.optimizer = model, AdamW(model.params, lr=LR)
+        self.steps = 0
 
     def step(self, batch) -> float:
-        loss, grads = self.model.loss_and_grads(*batch)
+        """A training step; a model with dropout draws its masks as `train` does."""
+        self.steps += 1
+        dropout = {"dropout_rng": training_rng(0, self.steps)} if self.model.uses_dropout() else {}
+        loss, grads = self.model.loss_and_grads(*batch, **dropout)
         self.optimizer.step(self.model.flat, grads, max_grad_norm=1.0)
         return loss
 
 
 class TorchTrainer:
-    """transformers' GPT2LMHeadModel with the engine model's weights (crosscheck's GPT-2
-    twin; dropout off)."""
+    """transformers' GPT2LMHeadModel with the engine model's weights and dropout rates
+    (crosscheck's GPT-2 twin, in eval mode: dropout off until .train())."""
 
     def __init__(self, model: GPT2) -> None:
         import torch

@@ -20,7 +20,6 @@ class GPT2Twin(nn.Module):
         super().__init__()
         config = engine_model.config
         settings = hf_config_from_engine(config) | {"attn_implementation": "eager"}
-        settings |= {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
         dtype = torch.float64 if config.dtype == "float64" else torch.float32
         self.hf = GPT2LMHeadModel(GPT2Config(**settings)).to(dtype).eval()
         self.n_layers = config.n_layers

@@ -261,6 +261,21 @@ def test_dropout_benchmark_steps_each_side_from_the_same_weights_and_drops_on_tw
     assert [first, second] == loss["engine, dropout"]
 
 
+def test_dropout_benchmark_of_gpt2_trains_transformers_in_both_modes(monkeypatch):
+    """At gpt2's size the torch sides are transformers' model, in eval mode and in training
+    mode; the engine's trainers draw their masks as `train` does. (A small GPT-2 here.)"""
+    from benchmarks import dropout, gpt2
+    from numpy_engine.models import GPT2, GPT2Config
+
+    small = GPT2(GPT2Config(vocab_size=50, max_len=64), seed=0)
+    monkeypatch.setattr(gpt2, "engine_model", lambda: small)
+    sides = dropout._sides("gpt2", 0.2, 1)
+    loss = {side: float(step(0)) for side, step in sides.items()}
+    assert abs(loss["engine"] - loss["torch"]) <= 1e-5 * loss["torch"]
+    assert abs(loss["engine, dropout"] - loss["engine"]) > 1e-3
+    assert abs(loss["torch, dropout"] - loss["torch"]) > 1e-3
+
+
 def test_dropout_benchmark_times_every_side_on_one_thread(monkeypatch):
     import torch
 
@@ -274,10 +289,13 @@ def test_dropout_benchmark_times_every_side_on_one_thread(monkeypatch):
         return 0.002, step(i)
 
     monkeypatch.setattr(dropout, "timed", timed)
+    kept = []  # malloc told to keep freed pages, before any side is built
+    monkeypatch.setattr(dropout, "keep_freed_memory", lambda: kept.append(len(seen)))
     torch.set_num_threads(2)
     times = dropout.measure("copy", 0.1, 2)
     assert times == {side: [2.0, 2.0] for side in dropout.SIDES}
     assert seen == [(1, 1)] * 4 * (2 + dropout.UNTIMED_ROUNDS)
+    assert kept == [0]
 
 
 def test_dropout_benchmark_main_measures_what_its_flags_say_and_reports_the_ratios(
@@ -917,7 +935,7 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
         ),
         ("optimizer_threads", ["--size", "x"], "argument --size: invalid positive_int value"),
         ("dropout", ["--rate", "1"], "argument --rate: must be at least 0 and below 1, got 1"),
-        ("dropout", ["--config", "gpt2"], "argument --config: invalid choice: 'gpt2'"),
+        ("dropout", ["--config", "tiny"], "argument --config: invalid choice: 'tiny'"),
     ],
 )
 def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, capsys):
