@@ -265,15 +265,27 @@ def test_dropout_benchmark_of_gpt2_trains_transformers_in_both_modes(monkeypatch
     """At gpt2's size the torch sides are transformers' model, in eval mode and in training
     mode; the engine's trainers draw their masks as `train` does. (A small GPT-2 here.)"""
     from benchmarks import dropout, gpt2
+    from numpy_engine.dropout import training_rng
     from numpy_engine.models import GPT2, GPT2Config
+    from numpy_engine.optim import AdamW
 
-    small = GPT2(GPT2Config(vocab_size=50, max_len=64), seed=0)
-    monkeypatch.setattr(gpt2, "engine_model", lambda: small)
-    sides = dropout._sides("gpt2", 0.2, 1)
-    loss = {side: float(step(0)) for side, step in sides.items()}
-    assert abs(loss["engine"] - loss["torch"]) <= 1e-5 * loss["torch"]
-    assert abs(loss["engine, dropout"] - loss["engine"]) > 1e-3
-    assert abs(loss["torch, dropout"] - loss["torch"]) > 1e-3
+    config = GPT2Config(vocab_size=50, max_len=64)
+    monkeypatch.setattr(gpt2, "engine_model", lambda: GPT2(config, seed=0))
+    sides = dropout._sides("gpt2", 0.2, 2)
+    loss = {side: [float(step(i)) for i in (0, 1)] for side, step in sides.items()}
+    for i in (0, 1):  # the second step after each side's own update
+        assert abs(loss["engine"][i] - loss["torch"][i]) <= 1e-5 * loss["torch"][i]
+        assert abs(loss["engine, dropout"][i] - loss["engine"][i]) > 1e-3
+        assert abs(loss["torch, dropout"][i] - loss["torch"][i]) > 1e-3
+    rates = {f"{site}_dropout": 0.2 for site in dropout.SITES}
+    model = GPT2(replace(config, **rates), seed=0)
+    optimizer, data = AdamW(model.params, lr=gpt2.LR), gpt2.batches(2, 50)
+    expected = []
+    for step, batch in enumerate(data, start=1):  # masks keyed by each step, as `train`'s
+        step_loss, grads = model.loss_and_grads(*batch, training_rng(0, step))
+        expected.append(step_loss)
+        optimizer.step(model.flat, grads, max_grad_norm=1.0)
+    assert loss["engine, dropout"] == expected
 
 
 def test_dropout_benchmark_times_every_side_on_one_thread(monkeypatch):
