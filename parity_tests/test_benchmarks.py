@@ -242,15 +242,18 @@ def test_dropout_benchmark_steps_each_side_from_the_same_weights_and_drops_on_tw
     dropout take the same losses (to float32 rounding: the same weights, update and batch);
     with it, each takes another, and the engine's are those its training_rng(0, i + 1)
     masks and a step of its workload's optimizer give."""
+    import torch
+
     from benchmarks import dropout
     from numpy_engine.dropout import training_rng
 
+    torch.manual_seed(0)  # the twin's dropout draws from torch's generator
     sides = dropout._sides("copy", 0.3, 2)
     loss = {side: [float(step(i)) for i in (0, 1)] for side, step in sides.items()}
-    for i in (0, 1):
+    for i in (0, 1):  # dropout moved these losses by 4e-4 to 2e-2 of them over 20 seeds
         assert abs(loss["engine"][i] - loss["torch"][i]) <= 1e-5 * loss["torch"][i]
-        assert abs(loss["engine, dropout"][i] - loss["engine"][i]) > 1e-3
-        assert abs(loss["torch, dropout"][i] - loss["torch"][i]) > 1e-3
+        assert abs(loss["engine, dropout"][i] - loss["engine"][i]) > 1e-4 * loss["engine"][i]
+        assert abs(loss["torch, dropout"][i] - loss["torch"][i]) > 1e-4 * loss["torch"][i]
     plain, _, batches, _ = dropout.build(dropout.WORKLOADS["copy"], 2)
     rates = {f"{site}_dropout": 0.3 for site in dropout.SITES}
     dropping = type(plain).with_params(replace(plain.config, **rates), plain.params)
@@ -264,6 +267,8 @@ def test_dropout_benchmark_steps_each_side_from_the_same_weights_and_drops_on_tw
 def test_dropout_benchmark_of_gpt2_trains_transformers_in_both_modes(monkeypatch):
     """At gpt2's size the torch sides are transformers' model, in eval mode and in training
     mode; the engine's trainers draw their masks as `train` does. (A small GPT-2 here.)"""
+    import torch
+
     from benchmarks import dropout, gpt2
     from numpy_engine.dropout import training_rng
     from numpy_engine.models import GPT2, GPT2Config
@@ -271,12 +276,14 @@ def test_dropout_benchmark_of_gpt2_trains_transformers_in_both_modes(monkeypatch
 
     config = GPT2Config(vocab_size=50, max_len=64)
     monkeypatch.setattr(gpt2, "engine_model", lambda: GPT2(config, seed=0))
+    torch.manual_seed(0)  # transformers' dropout draws from torch's generator
     sides = dropout._sides("gpt2", 0.2, 2)
     loss = {side: [float(step(i)) for i in (0, 1)] for side, step in sides.items()}
     for i in (0, 1):  # the second step after each side's own update
-        assert abs(loss["engine"][i] - loss["torch"][i]) <= 1e-5 * loss["torch"][i]
-        assert abs(loss["engine, dropout"][i] - loss["engine"][i]) > 1e-3
-        assert abs(loss["torch, dropout"][i] - loss["torch"][i]) > 1e-3
+        # at GPT-2's initial scale dropout moves the loss ~1e-4 of it, float32 rounding ~1e-7
+        assert abs(loss["engine"][i] - loss["torch"][i]) <= 1e-6 * loss["torch"][i]
+        assert abs(loss["engine, dropout"][i] - loss["engine"][i]) > 2e-5 * loss["engine"][i]
+        assert abs(loss["torch, dropout"][i] - loss["torch"][i]) > 2e-5 * loss["torch"][i]
     rates = {f"{site}_dropout": 0.2 for site in dropout.SITES}
     model = GPT2(replace(config, **rates), seed=0)
     optimizer, data = AdamW(model.params, lr=gpt2.LR), gpt2.batches(2, 50)
