@@ -142,8 +142,8 @@ def test_minigpt_dropout_gradients_match_finite_differences(case, rate):
     model, rng = randomized_model(case._replace(config=config))
     _, grads = model.loss_and_grads(*case.batch, np.random.default_rng(case.seed))
 
-    def probe():
-        return model.loss_and_grads(*case.batch, np.random.default_rng(case.seed))[0]
+    def probe():  # the loss alone under the same masks: loss_and_grads' bits, checked below
+        return model.loss(*case.batch, np.random.default_rng(case.seed))
 
     assert_gradients_match_fd("MiniGPT loss with dropout", probe, model.params, grads, rng)
 
@@ -196,6 +196,12 @@ def test_without_a_generator_or_a_rate_nothing_is_dropped():
     dropped = dropping.loss_and_grads(*batch, np.random.default_rng(0))[0]
     assert abs(dropped - loss) > 1e-3
     assert dropping.loss_and_grads(*batch, np.random.default_rng(0))[0] == dropped
+    assert dropping.loss(*batch, np.random.default_rng(0)) == dropped  # the loss alone
+    seq2seq = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(resid_dropout=0.3, dtype="float64"), seed=0)
+    copy_batch = seq2seq.example_batch(seq2seq.config, np.random.default_rng(0), 4)
+    with_masks = seq2seq.loss_and_grads(*copy_batch, np.random.default_rng(1))[0]
+    assert seq2seq.loss(*copy_batch, np.random.default_rng(1)) == with_masks
+    assert seq2seq.loss(*copy_batch) != with_masks
     assert not plain.uses_dropout() and dropping.uses_dropout()
 
 

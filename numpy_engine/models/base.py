@@ -187,18 +187,21 @@ class Model:
         """Mean cross-entropy over the targets that count, and its gradient for every
         parameter. dropout_rng: a training step's generator of dropout masks, for a kind
         whose forward takes dropout= (None: nothing dropped)."""
-        dropout = step_dropout(self.config, dropout_rng)
-        training = {} if dropout is None else {"dropout": dropout}
-        logits, cache = self.forward(*inputs, **training)
+        logits, cache = self.forward(*inputs, **self._dropping(dropout_rng))
         targets = self._targets(targets, logits)
         loss, ce_cache = cross_entropy_forward(logits, targets, self.ignore_index())
         dlogits = cross_entropy_backward(1.0, ce_cache)
         return float(loss), self._backward(dlogits, cache)  # a NaN loss flows on, for the caller
 
-    def _loss(self, inputs: tuple, targets: np.ndarray) -> float:
-        logits, _ = self.forward(*inputs)
+    def _loss(self, inputs: tuple, targets: np.ndarray, dropout_rng=None) -> float:
+        logits, _ = self.forward(*inputs, **self._dropping(dropout_rng))
         targets = self._targets(targets, logits)
         return float(cross_entropy_forward(logits, targets, self.ignore_index())[0])
+
+    def _dropping(self, dropout_rng) -> dict:
+        """forward's keyword for a training step's dropout from dropout_rng, or none."""
+        dropout = step_dropout(self.config, dropout_rng)
+        return {} if dropout is None else {"dropout": dropout}
 
     def uses_dropout(self) -> bool:
         """True when training steps drop (the config has a dropout rate above 0, in fields

@@ -184,10 +184,11 @@ class MiniGPT(Model):
         loss, dx, head_grads = linear_cross_entropy(x, *head, targets, ignore, cache.head_affine)
         return loss, self._trunk_backward(dx, cache, head_grads)
 
-    def _loss(self, inputs: tuple, targets: np.ndarray) -> float:
+    def _loss(self, inputs: tuple, targets: np.ndarray, dropout_rng=None) -> float:
         """_loss_and_grads' loss (the same bits) without the gradients: evaluation too holds
         one (B, T, V) array at a time, not Model._loss's four, and one block's activations."""
-        x, cache = self._trunk_forward(*inputs, keep_blocks=False)
+        dropout = step_dropout(self.config, dropout_rng)
+        x, cache = self._trunk_forward(*inputs, keep_blocks=False, dropout=dropout)
         targets = self._targets(targets, x)
         head, ignore = self._head(), self.ignore_index()
         return linear_cross_entropy_loss(x, *head, targets, ignore, cache.head_affine)
@@ -208,8 +209,10 @@ class MiniGPT(Model):
         with dropout_rng (a training step's), the config's dropout applies, masks from it."""
         return self._loss_and_grads((idx,), targets, dropout_rng)
 
-    def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
-        return self._loss((idx,), targets)
+    def loss(self, idx: np.ndarray, targets: np.ndarray, dropout_rng=None) -> float:
+        """The loss alone (evaluation); with dropout_rng, a training step's under its masks:
+        what loss_and_grads given the same generator state differentiates."""
+        return self._loss((idx,), targets, dropout_rng)
 
     def ignore_index(self) -> int:
         return IGNORE_INDEX

@@ -245,8 +245,11 @@ class Seq2SeqTransformer(Model):
         with dropout_rng (a training step's), the config's dropout applies, masks from it."""
         return self._loss_and_grads((source, decoder_input), target, dropout_rng)
 
-    def loss(self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray) -> float:
-        return self._loss((source, decoder_input), target)
+    def loss(
+        self, source: np.ndarray, decoder_input: np.ndarray, target: np.ndarray, dropout_rng=None
+    ) -> float:
+        """The loss alone (evaluation); with dropout_rng, a training step's under its masks."""
+        return self._loss((source, decoder_input), target, dropout_rng)
 
     def _targets(self, target: np.ndarray, logits: np.ndarray) -> np.ndarray:
         cfg = self.config
