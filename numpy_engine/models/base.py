@@ -138,7 +138,9 @@ class Model:
         raise NotImplementedError
 
     # loss_and_grads(*inputs, targets) and loss(*inputs, targets), with the forward's input
-    # names: each kind spells them out and calls _loss_and_grads / _loss.
+    # names: each kind spells them out and calls _loss_and_grads / _loss. A kind whose config
+    # has dropout rates (dropout.SITES' *_dropout fields) also takes dropout_rng in both and
+    # dropout= in its forward (a training step's dropout.Dropout), and drops only then.
 
     def decoder(self, inputs: np.ndarray, use_cache: bool = True) -> Decoder:
         """Step-by-step decoding from a source (B, S) or a prompt (B, T0)."""
