@@ -130,7 +130,9 @@ def self_attention_block_forward(
 
 
 def self_attention_block_backward(dout: np.ndarray, cache: SelfBlockCache) -> tuple:
-    """See docs/gradients.md#residual-blocks. Returns (dx, grads keyed like p)."""
+    """See docs/gradients.md#residual-blocks (and #dropout, for the masks). Returns (dx,
+    grads keyed like p)."""
+    # forward was out = h + drop(ffn(ln2(h))): the FFN's output gets dout times its mask
     dhn, ffn_grads = ffn_backward(dropped_copy(dout, cache.ffn_drop), cache.ffn)
     dh_ln2, ln2_grads = normed_backward(dhn, cache.ln2, ffn_grads)
     dh = _residual(dout, dh_ln2)  # h fed the skip and the FFN
@@ -202,7 +204,9 @@ def decoder_block_forward(
 
 
 def decoder_block_backward(dout: np.ndarray, cache: DecoderBlockCache) -> tuple:
-    """See docs/gradients.md#residual-blocks. Returns (dy, dmemory, grads keyed like p)."""
+    """See docs/gradients.md#residual-blocks (and #dropout, for the masks). Returns (dy,
+    dmemory, grads keyed like p)."""
+    # forward was out = h2 + drop(ffn(ln3(h2))): the FFN's output gets dout times its mask
     dh2n, ffn_grads = ffn_backward(dropped_copy(dout, cache.ffn_drop), cache.ffn)
     dh2_ln3, ln3_grads = normed_backward(dh2n, cache.ln3, ffn_grads)
     dh2 = _residual(dout, dh2_ln3)  # h2 fed the skip and the FFN
