@@ -29,7 +29,7 @@ from benchmarks.bench import build, torch_step
 from benchmarks.workloads import WORKLOADS, on_threads, timed
 from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.cli_args import dropout_rate, positive_int
-from numpy_engine.dropout import SITES, training_rng
+from numpy_engine.dropout import every_site, training_rng
 from numpy_engine.memory import keep_freed_memory
 
 SIDES = ("engine", "engine, dropout", "torch", "torch, dropout")
@@ -56,7 +56,7 @@ def _sides(name: str, rate: float, n_batches: int) -> dict:
     if name == gpt2.WORKLOAD:
         return _gpt2_sides(rate, n_batches)
     plain, optimizer, batches, torch_optimizer_class = build(WORKLOADS[name], n_batches)
-    rates = {f"{site}_dropout": rate for site in SITES}
+    rates = every_site(rate)
     dropping = type(plain).with_params(dataclasses.replace(plain.config, **rates), plain.params)
     dropping_optimizer = WORKLOADS[name].optimizer(dropping.params, lr=1e-3)
     twins = {"torch": torch_model_for(plain).train(), "torch, dropout": torch_model_for(dropping)}
@@ -86,7 +86,7 @@ def _gpt2_sides(rate: float, n_batches: int) -> dict:
     """GPT-2 at its real size (benchmarks/gpt2.py's trainers): the engine's steps, and
     transformers' GPT2LMHeadModel's in eval mode and in training mode (its dropout on)."""
     plain = gpt2.engine_model()
-    rates = {f"{site}_dropout": rate for site in SITES}
+    rates = every_site(rate)
     dropping = type(plain).with_params(dataclasses.replace(plain.config, **rates), plain.params)
     trainers = {
         "engine": gpt2.EngineTrainer(plain),

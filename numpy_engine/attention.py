@@ -262,6 +262,8 @@ def _group_backward(dy, q, k, v, weights, drop=None, out: tuple | None = None) -
     # forward was y = (weights * drop) @ v; dweights is taken times s = 1/sqrt(hs), so the
     # softmax's backward (linear in dweights) gives s dscores, which is what dq and dk need
     s_dweights = dropped(dy @ scaled_transpose(v), drop)  # (n, H, Tq, Tk)
+    # the dropped weights are made again here, not kept from the forward: one (n, H, Tq, Tk)
+    # array fewer a layer for the step to hold
     dv = np.matmul(dropped_copy(weights, drop).swapaxes(-1, -2), dy, out=dv)  # (n, H, Tk, hs)
     s_dscores = softmax_backward(s_dweights, weights)  # forward was weights = softmax(scores)
     # forward was scores = s q @ k^T; each row of dscores sums to zero, so dq is the same from

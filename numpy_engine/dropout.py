@@ -50,6 +50,11 @@ class Dropout:
         return np.multiply(kept, 1.0 / (1.0 - rate), dtype=dtype)
 
 
+def every_site(rate: float) -> dict[str, float]:
+    """A model config's rate fields, every site at rate: {"embed_dropout": rate, ...}."""
+    return {f"{site}_dropout": rate for site in SITES}
+
+
 def check_rates(config) -> None:
     """A model config's rates (its embed_dropout, attn_dropout and resid_dropout fields)."""
     for site in SITES:

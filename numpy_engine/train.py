@@ -22,7 +22,7 @@ import numpy as np
 from numpy_engine.checkpoint import Checkpoint, load_checkpoint, resolve, save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
-from numpy_engine.dropout import SITES
+from numpy_engine.dropout import every_site
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.loop import (
     Checkpointing,
@@ -329,7 +329,7 @@ def _new_language_model(cfg: CharTrainConfig, vocab_size: int):
 
 def _set_dropout(model, rate: float) -> None:
     """Every dropout site of the model's training steps at rate (its config's *_dropout)."""
-    rates = {f"{site}_dropout": rate for site in SITES}
+    rates = every_site(rate)
     if not all(hasattr(model.config, name) for name in rates):
         raise InputError(f"a {model.kind} model has no dropout to set")
     model.config = replace(model.config, **rates)
@@ -401,8 +401,8 @@ def resume(
         )
     if isinstance(cfg, CharTrainConfig):  # a sequence task's run refuses keep_best
         keep_best = keep_best or resolve(Path(out_dir) / BEST).exists()
-    if keep_best and isinstance(cfg, CharTrainConfig):
-        _refuse_a_best_already_lost(Path(out_dir), meta["history"])
+        if keep_best:
+            _refuse_a_best_already_lost(Path(out_dir), meta["history"])
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]
     model = checkpoint.model

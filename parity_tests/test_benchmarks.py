@@ -245,7 +245,7 @@ def test_dropout_benchmark_steps_each_side_from_the_same_weights_and_drops_on_tw
     import torch
 
     from benchmarks import dropout
-    from numpy_engine.dropout import training_rng
+    from numpy_engine.dropout import every_site, training_rng
 
     torch.manual_seed(0)  # the twin's dropout draws from torch's generator
     sides = dropout._sides("copy", 0.3, 2)
@@ -255,7 +255,7 @@ def test_dropout_benchmark_steps_each_side_from_the_same_weights_and_drops_on_tw
         assert abs(loss["engine, dropout"][i] - loss["engine"][i]) > 1e-4 * loss["engine"][i]
         assert abs(loss["torch, dropout"][i] - loss["torch"][i]) > 1e-4 * loss["torch"][i]
     plain, _, batches, _ = dropout.build(dropout.WORKLOADS["copy"], 2)
-    rates = {f"{site}_dropout": 0.3 for site in dropout.SITES}
+    rates = every_site(0.3)
     dropping = type(plain).with_params(replace(plain.config, **rates), plain.params)
     optimizer = dropout.WORKLOADS["copy"].optimizer(dropping.params, lr=1e-3)
     first, grads = dropping.loss_and_grads(*batches[0], training_rng(0, 1))
@@ -270,7 +270,7 @@ def test_dropout_benchmark_of_gpt2_trains_transformers_in_both_modes(monkeypatch
     import torch
 
     from benchmarks import dropout, gpt2
-    from numpy_engine.dropout import training_rng
+    from numpy_engine.dropout import every_site, training_rng
     from numpy_engine.models import GPT2, GPT2Config
     from numpy_engine.optim import AdamW
 
@@ -284,7 +284,7 @@ def test_dropout_benchmark_of_gpt2_trains_transformers_in_both_modes(monkeypatch
         assert abs(loss["engine"][i] - loss["torch"][i]) <= 1e-6 * loss["torch"][i]
         assert abs(loss["engine, dropout"][i] - loss["engine"][i]) > 2e-5 * loss["engine"][i]
         assert abs(loss["torch, dropout"][i] - loss["torch"][i]) > 2e-5 * loss["torch"][i]
-    rates = {f"{site}_dropout": 0.2 for site in dropout.SITES}
+    rates = every_site(0.2)
     model = GPT2(replace(config, **rates), seed=0)
     optimizer, data = AdamW(model.params, lr=gpt2.LR), gpt2.batches(2, 50)
     expected = []
