@@ -4,17 +4,21 @@ draws of every kind against the bound of crosscheck/compare.py:
 
     python -m parity_tests.float32_panel --draws 2000
 
-prints, per kind, the largest error/bound seen for the engine and for torch (above 1 fails).
+prints, per kind, the largest error/bound seen for the engine and for torch (above 1 fails);
+its last two rows, both models' training steps with dropout, are the engine's alone (torch
+would draw masks of its own; test_dropout.py hands it the engine's, in float64).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
 
 import numpy_engine as ne
+from crosscheck.compare import float32_checks, sensitivities
 from numpy_engine.cli_args import non_negative_int, positive_int
 from numpy_engine.models import IGNORE_INDEX
 from parity_tests import layer_cases as cases
@@ -171,6 +175,36 @@ def _gpt_case(rng, r, seed, heads, sizes, lengths) -> tuple:
 MODEL_CASES = {"seq2seq": _seq2seq_case, "gpt": _gpt_case}
 
 
+DROPOUT_RATES = dict(embed_dropout=0.1, attn_dropout=0.3, resid_dropout=0.5)
+
+
+def dropout_draw(model_kind: str, seed: int) -> dict:
+    """The engine's float32 checks of a training step with dropout: model_case's model at
+    DROPOUT_RATES, float32 against a float64 golden run on the same float32-rounded weights,
+    both under the masks default_rng(seed) draws (the same kept entries: each is a float32
+    draw against the rate), under crosscheck/compare.py's bound. The one difference dropout
+    adds is its scale, 1/(1 - rate), rounded to float32: a rounding of one factor, as float32
+    makes at every operation."""
+    model, batch = model_case(model_kind, seed)
+    config = dataclasses.replace(model.config, **DROPOUT_RATES)
+    model32 = type(model).with_params(config, model.params).with_dtype("float32")
+    exact = model32.with_dtype("float64")
+
+    def step64(weights: dict) -> dict:
+        exact.load_params(weights)
+        return _step_results(exact, batch, seed)
+
+    inputs = {key: value.copy() for key, value in exact.params.items()}  # load_params writes
+    golden = step64(inputs)
+    sensitivity = sensitivities(step64, inputs, np.random.default_rng(seed), False, draws=3)
+    return float32_checks(_step_results(model32, batch, seed), golden, sensitivity)
+
+
+def _step_results(model, batch: tuple, seed: int) -> dict:
+    loss, grads = model.loss_and_grads(*batch, np.random.default_rng(seed))
+    return {"loss": np.array(loss)} | {f"dloss/d{key}": g for key, g in grads.items()}
+
+
 def draw(kind_name: str, seed: int) -> tuple:
     """One case of that kind from seed: (the engine's, torch's) float32 checks."""
     rng = np.random.default_rng([seed, list(KINDS).index(kind_name)])
@@ -203,14 +237,19 @@ def main() -> None:
     model_draws = args.draws if args.model_draws is None else args.model_draws
     for model_kind in ("seq2seq", "gpt"):
         surveys.append((model_kind, lambda s, k=model_kind: model_draw(k, s), model_draws))
+    for model_kind in ("seq2seq", "gpt"):  # the engine alone: torch draws masks of its own
+        dropping = lambda s, k=model_kind: (dropout_draw(k, s), None)  # noqa: E731
+        surveys.append((f"{model_kind}, dropout", dropping, model_draws))
     print(f"{'kind':<30} {'draws':>6} {'engine worst':>13} {'torch worst':>12}  (error / bound)")
     for name, run, draws in surveys:
         engine, torch_ = [], []
         for seed in range(args.first_seed, args.first_seed + draws):
             ours, theirs = run(seed)
             engine.append(worst_ratio(ours))
-            torch_.append(worst_ratio(theirs))
-        print(f"{name:<30} {draws:>6} {max(engine):>13.3f} {max(torch_):>12.3f}", flush=True)
+            if theirs is not None:
+                torch_.append(worst_ratio(theirs))
+        theirs = f"{max(torch_):>12.3f}" if torch_ else f"{'-':>12}"
+        print(f"{name:<30} {draws:>6} {max(engine):>13.3f} {theirs}", flush=True)
 
 
 if __name__ == "__main__":

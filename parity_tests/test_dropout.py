@@ -20,7 +20,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numpy_engine as ne
-from crosscheck.compare import float32_checks, sensitivities
 from crosscheck.convert import grads_from_torch, tensor, torch_model_for
 from numpy_engine import cli
 from numpy_engine.checkpoint import load_checkpoint
@@ -29,7 +28,7 @@ from numpy_engine.dropout import Dropout, training_rng
 from numpy_engine.hf import config_from_hf, hf_config_from_engine
 from numpy_engine.models import GPT2Config
 from numpy_engine.parallel import DataParallel, OneProcess
-from parity_tests.float32_panel import model_case
+from parity_tests.float32_panel import dropout_draw
 from parity_tests.helpers import (
     assert_all_close_float64,
     assert_float32_within_bound,
@@ -139,37 +138,11 @@ def test_dropout_matches_transformers_in_training(case, embd, attn, resid):
     assert_all_close_float64("GPT2 with dropout", ours, theirs)
 
 
-def float32_dropout_checks(model, batch: tuple, seed: int, rng) -> dict:
-    """A float32 training step with dropout against a float64 golden one on the same
-    float32-rounded weights, both under the masks default_rng(seed) draws (the same kept
-    entries: each is a float32 draw against the rate), under crosscheck/compare.py's bound.
-    The one difference dropout adds is its scale, 1/(1 - rate), rounded to float32: a
-    rounding of one factor, as float32 makes at every operation."""
-    model32 = model.with_dtype("float32")
-    exact = model32.with_dtype("float64")
-
-    def step64(weights: dict) -> dict:
-        exact.load_params(weights)
-        return step_results(exact, batch, seed)
-
-    inputs = {key: value.copy() for key, value in exact.params.items()}  # load_params writes
-    golden = step64(inputs)
-    sensitivity = sensitivities(step64, inputs, rng, per_input=False, draws=3)
-    return float32_checks(step_results(model32, batch, seed), golden, sensitivity)
-
-
-def step_results(model, batch: tuple, seed: int) -> dict:
-    loss, grads = model.loss_and_grads(*batch, np.random.default_rng(seed))
-    return {"loss": np.array(loss)} | {f"dloss/d{key}": g for key, g in grads.items()}
-
-
 @pytest.mark.parametrize("kind", ["gpt", "seq2seq"])
 @pytest.mark.parametrize("seed", range(4))
 def test_dropout_in_float32_stays_within_the_rounding_bound(kind, seed):
-    model, batch = model_case(kind, seed)  # float32_panel's fixed draws
-    rates = dict(embed_dropout=0.1, attn_dropout=0.3, resid_dropout=0.5)
-    model = type(model).with_params(dataclasses.replace(model.config, **rates), model.params)
-    checks = float32_dropout_checks(model, batch, seed, np.random.default_rng(seed))
+    """float32_panel's fixed model draws at its dropout rates (its survey runs many more)."""
+    checks = dropout_draw(kind, seed)
     assert_float32_within_bound(f"{kind} with dropout, panel case {seed}", checks)
 
 
