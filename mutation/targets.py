@@ -155,7 +155,8 @@ CODE = {"backward": BACKWARD_CODE, "forward": FORWARD_CODE}
 
 # The tests that check the engine's numbers, and its refusals (each mutant runs them with -x: the
 # first failure kills it). The command line, training and MPI tests are left out: they check
-# other things, slowly.
+# other things, slowly. A mutated file's own test file (parity_tests/test_<its name>.py) is
+# always here (test_mutation.py checks it).
 NUMBER_TESTS = (
     "parity_tests/test_reductions.py",
     "parity_tests/test_bad_input.py",  # the guards in this code: each refusal and its message
@@ -175,6 +176,8 @@ NUMBER_TESTS = (
     "parity_tests/test_init.py",
     "parity_tests/test_example_batches.py",
     "parity_tests/test_step_memory.py",
+    "parity_tests/test_dropout.py",
+    "parity_tests/test_threads.py",
 )
 
 

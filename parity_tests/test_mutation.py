@@ -16,7 +16,7 @@ import pytest
 
 from mutation.mutants import find_function, mutants, sites
 from mutation.run import main
-from mutation.targets import CODE, code_targets
+from mutation.targets import CODE, NUMBER_TESTS, code_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,6 +26,15 @@ def test_every_target_is_one_function_with_mutants(code):
     for path, function in code_targets(code):
         tree = ast.parse((ROOT / path).read_text())  # LookupError if gone, renamed or ambiguous
         assert list(sites(find_function(tree, function, path))), f"{path}:{function}"
+
+
+def test_each_mutated_files_own_tests_are_among_those_a_mutant_runs():
+    """A file's own tests (test_dropout.py for dropout.py) are where its numbers are
+    checked: without them a run reports as survivors mutants that they kill."""
+    mutated = {Path(path).stem for files in CODE.values() for path in files}
+    own = {f"parity_tests/test_{stem}.py" for stem in mutated}
+    missing = {path for path in own if (ROOT / path).exists()} - set(NUMBER_TESTS)
+    assert not missing, f"the mutated files' own tests, not in NUMBER_TESTS: {sorted(missing)}"
 
 
 SMALL_BACKWARD = '''
