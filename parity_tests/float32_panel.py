@@ -238,8 +238,8 @@ def main() -> None:
     for model_kind in ("seq2seq", "gpt"):
         surveys.append((model_kind, lambda s, k=model_kind: model_draw(k, s), model_draws))
     for model_kind in ("seq2seq", "gpt"):  # the engine alone: torch draws masks of its own
-        dropping = lambda s, k=model_kind: (dropout_draw(k, s), None)  # noqa: E731
-        surveys.append((f"{model_kind}, dropout", dropping, model_draws))
+        name = f"{model_kind}, dropout"
+        surveys.append((name, lambda s, k=model_kind: (dropout_draw(k, s), None), model_draws))
     print(f"{'kind':<30} {'draws':>6} {'engine worst':>13} {'torch worst':>12}  (error / bound)")
     for name, run, draws in surveys:
         engine, torch_ = [], []
@@ -248,8 +248,8 @@ def main() -> None:
             engine.append(worst_ratio(ours))
             if theirs is not None:
                 torch_.append(worst_ratio(theirs))
-        theirs = f"{max(torch_):>12.3f}" if torch_ else f"{'-':>12}"
-        print(f"{name:<30} {draws:>6} {max(engine):>13.3f} {theirs}", flush=True)
+        torch_worst = f"{max(torch_):>12.3f}" if torch_ else f"{'-':>12}"
+        print(f"{name:<30} {draws:>6} {max(engine):>13.3f} {torch_worst}", flush=True)
 
 
 if __name__ == "__main__":
