@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -61,3 +62,31 @@ def test_gpt2_example_fine_tunes_offline_and_from_a_directory(tmp_path):
     assert len(losses) == 6 and losses[-1] < losses[0], result.stdout
     before, after = re.findall(r"held-out loss \w+: ([0-9.]+)", result.stdout)
     assert float(after) < float(before), result.stdout
+
+
+def own_layer_errors(out: str) -> list[dict[str, float]]:
+    """your_own_layer.py's printed errors, one {name: error} per numbered part."""
+    parts = re.split(r"^\d\. ", out, flags=re.M)[1:]
+    return [
+        {k: float(v) for k, v in re.findall(r"^   (\w+): ([0-9.e+-]+)", p, re.M)} for p in parts
+    ]
+
+
+def test_own_layer_example_checks_its_backward_and_catches_a_broken_one():
+    fd, torch_check, broken = own_layer_errors(run_example("your_own_layer.py"))
+    assert fd.keys() == {"dx", "dweight"} and max(fd.values()) < 1e-6, fd
+    assert torch_check.keys() == {"out", "dx", "dweight"}, torch_check
+    assert max(torch_check.values()) < 1e-10, torch_check
+    assert broken["dx"] > 1e-2, broken
+
+
+def test_own_layer_example_fails_when_its_backward_is_wrong(monkeypatch, capsys):
+    """Its exit code is the check: with the backward that drops r's path in place of the
+    right one, parts 1 and 2 fail and main() returns 1."""
+    spec = importlib.util.spec_from_file_location("your_own_layer", EXAMPLES / "your_own_layer.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.setattr(example, "rmsnorm_backward", example.rmsnorm_backward_without_r_path)
+    assert example.main() == 1
+    fd, torch_check, _ = own_layer_errors(capsys.readouterr().out)
+    assert fd["dx"] > 1e-2 and torch_check["dx"] > 1e-2, (fd, torch_check)
