@@ -354,7 +354,12 @@ def export_hf(checkpoint_path: str | Path, to: str | Path) -> Path:
     checkpoint = load_checkpoint(checkpoint_path, optimizer=False)
     model = checkpoint.model
     if model.kind != GPT2.kind:
-        raise InputError(f"export-hf writes GPT-2 models; this checkpoint holds a {model.kind}")
+        held = f"a {type(model).__name__} (kind {model.kind!r})"  # "a MiniGPT (kind 'gpt')"
+        other = ", which `numpy-engine export` writes as a PyTorch state_dict"
+        raise InputError(
+            f"export-hf writes GPT-2 models (kind {GPT2.kind!r}); this checkpoint holds {held}"
+            + (other if model.torch_twin else "")
+        )
     to = Path(to)
     to.mkdir(parents=True, exist_ok=True)
     state = hf_state_from_engine(model.params, model.config.n_layers)

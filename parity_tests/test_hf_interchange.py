@@ -535,7 +535,8 @@ def test_export_refuses_a_model_that_is_not_gpt2(tmp_path, capsys):
     run = tmp_path / "char"
     assert cli(capsys, "train", "char-lm", "--steps", "2", "--quiet", "--out", str(run))[0] == 0
     status, _, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(tmp_path / "x"))
-    assert status == 2 and "export-hf writes GPT-2 models; this checkpoint holds a gpt" in err
+    expected = "export-hf writes GPT-2 models (kind 'gpt2'); this checkpoint holds a MiniGPT"
+    assert status == 2 and f"{expected} (kind 'gpt'), which `numpy-engine export` writes" in err
 
 
 def test_without_the_hf_extra_the_commands_name_it(tmp_path, capsys, hf_dir, monkeypatch):

@@ -149,6 +149,9 @@ def test_the_new_kind_goes_through_the_command_line(tmp_path, capsys, bigram_reg
     assert len(text) == 12 and set(text) <= set(DEFAULT_TEXT), text
     assert main(["grads", "--model", "bigram", "--entries", "2"]) == 0
     assert "bigram, seed 0: loss" in capsys.readouterr().out
+    assert main(["export-hf", "--checkpoint", out, "--to", str(tmp_path / "hf")]) == 2
+    refusal = capsys.readouterr().err.strip().splitlines()[-1]  # no PyTorch twin: no `export`
+    assert refusal.endswith("this checkpoint holds a Bigram (kind 'bigram')"), refusal
 
 
 def test_a_kind_name_is_registered_once():
