@@ -16,12 +16,16 @@ import dataclasses
 import importlib.util
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
+
+from numpy_engine import __version__
 from numpy_engine.checks import InputError
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
@@ -257,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="numpy-engine",
         description="A transformer in pure NumPy with hand-written backward passes.",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_train_command(commands)
     add_generate_command(commands)
@@ -266,6 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=f"{summary} (needs the test extra)", add_help=False)
     refuse_with_each_commands_usage(commands)
     return parser
+
+
+def version_line() -> str:
+    """What `numpy-engine --version` prints: this package's version, and the NumPy and Python
+    it runs on (what a bug report needs)."""
+    return (
+        f"numpy-engine {__version__} (NumPy {np.__version__}, Python {platform.python_version()})"
+    )
 
 
 # -------------------------------------------------------------------------- commands

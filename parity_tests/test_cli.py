@@ -88,6 +88,19 @@ def test_help_explains_every_command_and_flag(command):
     assert "default: None)" not in out and "default: 0.0)" not in out  # a default that is "off"
 
 
+def test_version_names_the_installed_package_numpy_and_python(capsys):
+    import importlib.metadata
+    import platform
+
+    with pytest.raises(SystemExit) as stop:
+        engine_main(["--version"])
+    assert stop.value.code == 0
+    installed = importlib.metadata.version("numpy-engine")  # pyproject.toml's, as installed
+    python = platform.python_version()
+    expected = f"numpy-engine {installed} (NumPy {np.__version__}, Python {python})\n"
+    assert capsys.readouterr().out == expected
+
+
 @pytest.fixture(scope="module")
 def copy_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("copy")
