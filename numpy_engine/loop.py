@@ -253,6 +253,8 @@ def run_loop(
     run after the step in progress, saved if there is a checkpointing.out: the loop raises
     TrainingInterrupted (numpy_engine/stopping.py).
     """
+    if parallel is not None:
+        parallel.check_batch_size(cfg.batch_size)
     if parallel is not None and not parallel.is_root:
         progress_stream = checkpointing = None
     if checkpointing is not None:

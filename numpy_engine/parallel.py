@@ -128,6 +128,26 @@ class DataParallel:
         if self.accumulate < 1:
             raise InputError(f"accumulate must be a positive int, got {self.accumulate}")
 
+    def check_batch_size(self, batch_size: int) -> None:
+        """Refuse ranks or micro-batches that a batch has too few rows for: share would give
+        a rank no rows, or make fewer micro-batches than asked on every rank."""
+        ranks = self.group.size
+        if ranks > batch_size:
+            raise InputError(
+                f"{ranks} ranks share a batch of batch_size={batch_size}: "
+                f"{ranks - batch_size} of them would have no rows"
+            )
+        largest_share = math.ceil(batch_size / ranks)
+        if self.accumulate > largest_share:
+            rows = f"batch_size={batch_size} rows"
+            share = (
+                f"a rank's share ({rows} over {ranks} ranks)" if ranks > 1 else f"a batch of {rows}"
+            )
+            raise InputError(
+                f"accumulate={self.accumulate} is more micro-batches than {share} makes: "
+                f"at most {largest_share}, of one row each"
+            )
+
     @property
     def is_root(self) -> bool:
         return self.group.rank == 0

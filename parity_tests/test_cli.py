@@ -622,3 +622,12 @@ def test_accumulate_without_data_parallel_trains_in_micro_batches(tmp_path):
     run = train_sequence_task(cfg, progress_stream=None, parallel=DataParallel(OneProcess(), 2))
     assert np.array_equal(load_checkpoint(accumulated).model.flat, run.model.flat)
     assert not np.array_equal(load_checkpoint(plain).model.flat, run.model.flat)  # another path
+
+
+def test_more_micro_batches_than_a_batch_has_rows_are_refused_before_any_file(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "copy", "--batch-size", "4", "--accumulate", "5", "--out", str(out)]
+    assert engine_main(args) == 2
+    expected = "accumulate=5 is more micro-batches than a batch of batch_size=4 rows makes"
+    assert f"{expected}: at most 4, of one row each" in capsys.readouterr().err
+    assert not out.exists()

@@ -20,6 +20,7 @@ import pytest
 import numpy_engine as ne
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.checks import InputError
+from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, every_target_once, split_off_heldout
 from numpy_engine.train import SequenceTrainConfig, heldout_loss, train_sequence_task
 from parity_tests.mpi_runs import train
@@ -37,6 +38,13 @@ def cli(*args: str) -> list[str]:
     return ["-m", "numpy_engine", *args]
 
 
+class Rank(OneProcess):
+    """Rank `rank` of a group of `size` that no collective is called on (share's rows)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+
 @pytest.mark.parametrize("scenario", ["gpt", "copy"])
 def test_two_ranks_train_what_one_process_trains_with_the_whole_batch(tmp_path, scenario):
     out = tmp_path / "two.npz"
@@ -51,8 +59,6 @@ def test_two_ranks_train_what_one_process_trains_with_the_whole_batch(tmp_path, 
 
 @pytest.mark.parametrize("accumulate", [4, 3])
 def test_accumulated_micro_batches_train_what_one_batch_trains(accumulate):
-    from numpy_engine.parallel import DataParallel, OneProcess
-
     one, _ = train("gpt", None)
     accumulated, _ = train("gpt", DataParallel(OneProcess(), accumulate))
     assert np.linalg.norm(accumulated - one) <= 1e-12 * np.linalg.norm(one)
@@ -214,12 +220,6 @@ def test_data_parallel_without_the_mpi_extra_names_it(monkeypatch):
 
 def test_micro_batch_rows_is_the_largest_micro_batch_any_rank_takes():
     """What a held-out evaluation takes at a time: share's largest part, on any rank."""
-    from numpy_engine.parallel import DataParallel, OneProcess
-
-    class Rank(OneProcess):
-        def __init__(self, rank: int, size: int) -> None:
-            self.rank, self.size = rank, size
-
     for batch_size in range(1, 24):
         for ranks in (1, 2, 3):
             for accumulate in (1, 2, 3, 5):
@@ -232,6 +232,41 @@ def test_micro_batch_rows_is_the_largest_micro_batch_any_rank_takes():
                 ]
                 rows = DataParallel(Rank(0, ranks), accumulate).micro_batch_rows(batch_size)
                 assert rows == max(parts), (batch_size, ranks, accumulate)
+
+
+def test_a_batch_too_small_for_its_ranks_or_micro_batches_is_refused_and_no_other():
+    """check_batch_size refuses exactly where share would leave a rank without rows, or
+    make fewer micro-batches than asked on every rank."""
+    refused = 0
+    for batch_size in range(1, 13):
+        for ranks in (1, 2, 3, 4):
+            for accumulate in range(1, 8):
+                parts = [
+                    len(DataParallel(Rank(rank, ranks), accumulate).share((np.arange(batch_size),)))
+                    for rank in range(ranks)
+                ]
+                wrong = min(parts) == 0 or max(parts) < accumulate
+                try:
+                    DataParallel(Rank(0, ranks), accumulate).check_batch_size(batch_size)
+                except InputError:
+                    refused += 1
+                    assert wrong, (batch_size, ranks, accumulate)
+                else:
+                    assert not wrong, (batch_size, ranks, accumulate)
+    assert refused > 50
+
+
+def test_the_refusals_of_a_batch_too_small_name_the_numbers():
+    with pytest.raises(
+        InputError, match=r"^3 ranks share a batch of batch_size=2: 1 of them would have no rows$"
+    ):
+        DataParallel(Rank(0, 3)).check_batch_size(2)
+    expected = r"^accumulate=33 is more micro-batches than a batch of batch_size=32 rows makes: "
+    with pytest.raises(InputError, match=expected + "at most 32, of one row each$"):
+        DataParallel(OneProcess(), 33).check_batch_size(32)
+    expected = r"^accumulate=9 .* than a rank's share \(batch_size=30 rows over 4 ranks\) makes"
+    with pytest.raises(InputError, match=expected + ": at most 8, of one row each$"):
+        DataParallel(Rank(1, 4), 9).check_batch_size(30)
 
 
 def test_add_scaled_sums_n_times_each_gradient_and_refuses_one_that_does_not_fit():
@@ -256,8 +291,6 @@ def test_micro_batches_give_the_whole_batchs_mean_loss_and_gradient_reusing_one_
     """Micro-batches of 2, 1 and 1 rows, one of them with a single counted target: each is
     weighted by its count of targets. The reduced vector is made once per model (its size
     and dtype) and reused."""
-    from numpy_engine.parallel import DataParallel, OneProcess
-
     config = ne.GPTConfig(n_layers=1, dtype="float64")
     model = ne.MiniGPT(config, seed=0)
     idx, targets = ne.MiniGPT.example_batch(config, np.random.default_rng(0), 4, 6)
