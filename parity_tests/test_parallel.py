@@ -267,6 +267,10 @@ def test_the_refusals_of_a_batch_too_small_name_the_numbers():
     expected = r"^accumulate=9 .* than a rank's share \(batch_size=30 rows over 4 ranks\) makes"
     with pytest.raises(InputError, match=expected + ": at most 8, of one row each$"):
         DataParallel(Rank(1, 4), 9).check_batch_size(30)
+    with pytest.raises(
+        InputError, match=r"share \(batch_size=4 rows over 2 ranks\) makes: at most 2"
+    ):
+        DataParallel(Rank(0, 2), 3).check_batch_size(4)
 
 
 def test_add_scaled_sums_n_times_each_gradient_and_refuses_one_that_does_not_fit():
