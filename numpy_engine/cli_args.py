@@ -34,8 +34,18 @@ def parse_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> ar
     return args
 
 
+def _read(text: str, kind: type, what: str):
+    """text as an int or a float (kind), or the argument's one-line refusal naming what it must
+    be (argparse's own, for a ValueError, names the parsing function: "invalid positive_int
+    value")."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+
 def positive_int(text: str) -> int:
-    value = int(text)
+    value = _read(text, int, "a positive integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
@@ -43,14 +53,14 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     """A seed: NumPy's generators take any integer from 0 up."""
-    value = int(text)
+    value = _read(text, int, "a non-negative integer")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
     return value
 
 
 def positive_float(text: str) -> float:
-    value = float(text)  # "1e400" reads as inf
+    value = _read(text, float, "a positive finite number")  # "1e400" reads as inf
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
@@ -58,7 +68,7 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     """A temperature: 0 (greedy) or above, finite."""
-    value = float(text)
+    value = _read(text, float, "a finite number >= 0")
     if not 0 <= value < math.inf:  # False for NaN too
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
@@ -66,7 +76,7 @@ def non_negative_float(text: str) -> float:
 
 def probability(text: str) -> float:
     """A share of probability mass, above 0 and at most 1 (top-p)."""
-    value = float(text)
+    value = _read(text, float, "a number above 0 and at most 1")
     if not 0 < value <= 1:  # False for NaN too
         raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
@@ -74,7 +84,7 @@ def probability(text: str) -> float:
 
 def dropout_rate(text: str) -> float:
     """A dropout rate: at least 0 and below 1 (at 1 nothing is kept)."""
-    value = float(text)
+    value = _read(text, float, "a number at least 0 and below 1")
     if not 0 <= value < 1:  # False for NaN too
         raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
     return value
@@ -82,7 +92,7 @@ def dropout_rate(text: str) -> float:
 
 def fraction(text: str) -> float:
     """A number strictly between 0 and 1 (a share of something: the text held out)."""
-    value = float(text)
+    value = _read(text, float, "a fraction between 0 and 1")
     if not 0 < value < 1:  # False for NaN too
         raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1, got {text}")
     return value
@@ -131,10 +141,7 @@ def int_in(low: int, high: int):
     """An argparse type: an integer from low to high, else a message naming the range."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        value = _read(text, int, f"an integer from {low} to {high}")
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
         return value

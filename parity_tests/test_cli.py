@@ -316,8 +316,22 @@ def test_an_unknown_flag_is_refused_with_its_commands_usage(args, command, unkno
     "args, message",
     [
         (["train", "copy", "--seed", "-1"], "--seed: must be a non-negative integer, got -1"),
+        (["train", "copy", "--seed", "1e3"], "--seed: must be a non-negative integer, got '1e3'"),
+        (["train", "copy", "--steps", "ten"], "--steps: must be a positive integer, got 'ten'"),
+        (["train", "copy", "--lr", "fast"], "--lr: must be a positive finite number, got 'fast'"),
+        (["train", "copy", "--dropout", "a"], "--dropout: must be a number at least 0 and below 1"),
+        (["train", "char-lm", "--holdout", "x"], "--holdout: must be a fraction between 0 and 1"),
+        (
+            ["generate", "--checkpoint", "R", "--prompt", "a", "--top-p", "all"],
+            "at most 1, got 'all'",
+        ),
+        (
+            ["generate", "--checkpoint", "R", "--prompt", "a", "--temperature", "hot"],
+            ">= 0, got 'hot'",
+        ),
         (["generate", "--checkpoint", "RUN", "--prompt", "a", "--seed", "-2"], "got -2"),
         (["grads", "--seed", "-1"], "--seed: must be a non-negative integer"),
+        (["grads", "--entries", "x"], "--entries: must be an integer from 1 to 64, got 'x'"),
         (["parity", "--seed", "-1"], "--seed: must be a non-negative integer"),
         (["train", "copy", "--lr", "inf"], "--lr: must be a positive finite number, got inf"),
         (["train", "copy", "--lr", "1e400"], "must be a positive finite number, got 1e400"),
