@@ -34,68 +34,51 @@ def parse_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> ar
     return args
 
 
-def _read(text: str, kind: type, what: str):
-    """text as an int or a float (kind), or the argument's one-line refusal naming what it must
-    be (argparse's own, for a ValueError, names the parsing function: "invalid positive_int
-    value")."""
+def _number(text: str, kind: type, what: str, within) -> int | float:
+    """text read as kind (int or float) if within(value) holds, else the argument's one-line
+    refusal, "must be {what}, got {text}": for text that is no number too (argparse's own
+    refusal of a ValueError names the parsing function, "invalid positive_int value")."""
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not within(value):  # NaN fails every comparison
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return value
 
 
 def positive_int(text: str) -> int:
-    value = _read(text, int, "a positive integer")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+    return _number(text, int, "a positive integer", lambda value: value >= 1)
 
 
 def non_negative_int(text: str) -> int:
     """A seed: NumPy's generators take any integer from 0 up."""
-    value = _read(text, int, "a non-negative integer")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
-    return value
+    return _number(text, int, "a non-negative integer", lambda value: value >= 0)
 
 
 def positive_float(text: str) -> float:
-    value = _read(text, float, "a positive finite number")  # "1e400" reads as inf
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return value
+    """A learning rate or a clipping norm: above 0 and finite ("1e400" reads as inf)."""
+    return _number(text, float, "a positive finite number", lambda value: 0 < value < math.inf)
 
 
 def non_negative_float(text: str) -> float:
     """A temperature: 0 (greedy) or above, finite."""
-    value = _read(text, float, "a finite number >= 0")
-    if not 0 <= value < math.inf:  # False for NaN too
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+    return _number(text, float, "a finite number >= 0", lambda value: 0 <= value < math.inf)
 
 
 def probability(text: str) -> float:
     """A share of probability mass, above 0 and at most 1 (top-p)."""
-    value = _read(text, float, "a number above 0 and at most 1")
-    if not 0 < value <= 1:  # False for NaN too
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
-    return value
+    return _number(text, float, "above 0 and at most 1", lambda value: 0 < value <= 1)
 
 
 def dropout_rate(text: str) -> float:
     """A dropout rate: at least 0 and below 1 (at 1 nothing is kept)."""
-    value = _read(text, float, "a number at least 0 and below 1")
-    if not 0 <= value < 1:  # False for NaN too
-        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
-    return value
+    return _number(text, float, "at least 0 and below 1", lambda value: 0 <= value < 1)
 
 
 def fraction(text: str) -> float:
     """A number strictly between 0 and 1 (a share of something: the text held out)."""
-    value = _read(text, float, "a fraction between 0 and 1")
-    if not 0 < value < 1:  # False for NaN too
-        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1, got {text}")
-    return value
+    return _number(text, float, "a fraction between 0 and 1", lambda value: 0 < value < 1)
 
 
 # what matplotlib writes, with Pillow (a dependency of its): pgf, raw and avif left out (they
@@ -141,10 +124,7 @@ def int_in(low: int, high: int):
     """An argparse type: an integer from low to high, else a message naming the range."""
 
     def parse(text: str) -> int:
-        value = _read(text, int, f"an integer from {low} to {high}")
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
-        return value
+        return _number(text, int, f"an integer from {low} to {high}", lambda v: low <= v <= high)
 
     return parse
 

@@ -319,7 +319,7 @@ def test_an_unknown_flag_is_refused_with_its_commands_usage(args, command, unkno
         (["train", "copy", "--seed", "1e3"], "--seed: must be a non-negative integer, got '1e3'"),
         (["train", "copy", "--steps", "ten"], "--steps: must be a positive integer, got 'ten'"),
         (["train", "copy", "--lr", "fast"], "--lr: must be a positive finite number, got 'fast'"),
-        (["train", "copy", "--dropout", "a"], "--dropout: must be a number at least 0 and below 1"),
+        (["train", "copy", "--dropout", "a"], "--dropout: must be at least 0 and below 1, got 'a'"),
         (["train", "char-lm", "--holdout", "x"], "--holdout: must be a fraction between 0 and 1"),
         (
             ["generate", "--checkpoint", "R", "--prompt", "a", "--top-p", "all"],
