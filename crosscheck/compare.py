@@ -31,6 +31,7 @@ the pinned case of test_layers.py).
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -94,6 +95,14 @@ class Float32Check(NamedTuple):
     @property
     def ok(self) -> bool:
         return self.error <= self.bound
+
+    @property
+    def ratio(self) -> float:
+        """error / bound, and inf for an error that is NaN: a max over ratios would pass a
+        NaN over (Python's max keeps the first of two values that do not compare)."""
+        if math.isnan(self.error):
+            return math.inf
+        return self.error / self.bound if self.bound > 0 else (0.0 if self.error == 0 else math.inf)
 
 
 def sensitivities(

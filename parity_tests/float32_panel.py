@@ -214,7 +214,7 @@ def draw(kind_name: str, seed: int) -> tuple:
 
 
 def worst_ratio(checks: dict) -> float:
-    return max(check.error / check.bound if check.bound > 0 else 0.0 for check in checks.values())
+    return max(check.ratio for check in checks.values())
 
 
 def main() -> None:

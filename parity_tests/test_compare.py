@@ -75,6 +75,22 @@ def test_float32_bound_is_32_times_the_sensitivity_or_its_floor():
     assert exact["b"].bound == 32 * FLOAT32_TINY * 3 and exact["b"].ok
 
 
+def test_a_nan_error_is_the_worst_ratio_and_fails_its_check():
+    """A float32 result with a NaN in it fails its check, and its ratio is inf, so that the
+    worst ratio over many tensors or draws (Python's max keeps the first of two values that
+    do not compare) cannot pass it over."""
+    golden = {"a": np.ones(3), "b": np.ones(3)}
+    ours = {"a": np.ones(3, np.float32), "b": np.array([1.0, np.nan, 1.0], np.float32)}
+    checks = float32_checks(ours, golden, {"a": 1e-6, "b": 1e-6})
+    assert checks["a"].ratio == 0.0 and checks["a"].ok
+    assert checks["b"].ratio == np.inf and not checks["b"].ok
+    assert max(check.ratio for check in checks.values()) == np.inf
+    assert max(check.error / check.bound for check in checks.values()) == 0.0  # what it fixes
+    nothing = float32_checks({"c": np.ones(1, np.float32)}, {"c": np.ones(1)}, {"c": 0.0})["c"]
+    assert nothing._replace(bound=0.0).ratio == 0.0  # an exact result under a zero bound
+    assert nothing._replace(bound=0.0, error=1e-9).ratio == np.inf
+
+
 def test_sensitivity_of_few_entries_moves_each_in_turn():
     """y = 3 x: moving each x_i by u x_i moves y by 3 u x_i; in quadrature, 3 u ||x||.
     z = x_0 x_1: each of the two moves z by u |x_0 x_1|, so sqrt(2) u |x_0 x_1|."""
