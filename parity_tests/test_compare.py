@@ -83,6 +83,8 @@ def test_a_nan_error_is_the_worst_ratio_and_fails_its_check():
     ours = {"a": np.ones(3, np.float32), "b": np.array([1.0, np.nan, 1.0], np.float32)}
     checks = float32_checks(ours, golden, {"a": 1e-6, "b": 1e-6})
     assert checks["a"].ratio == 0.0 and checks["a"].ok
+    off = float32_checks({"a": np.float32([1, 1, 1.01])}, {"a": golden["a"]}, {"a": 1e-3})["a"]
+    assert off.ratio == off.error / off.bound and 0.31 < off.ratio < 0.32 and off.ok  # bound 0.032
     assert checks["b"].ratio == np.inf and not checks["b"].ok
     assert max(check.ratio for check in checks.values()) == np.inf
     assert max(check.error / check.bound for check in checks.values()) == 0.0  # what it fixes
