@@ -586,11 +586,15 @@ def test_each_sampling_flag_is_refused_for_a_copy_checkpoint(untrained_copy, fla
 
 
 def test_flags_at_the_edge_of_their_range(capsys):
-    """A seed of 0, a dropout rate of 0 and the least and most --entries are taken; a
-    learning rate of 0 is refused."""
+    """A seed of 0, a dropout rate and a temperature of 0, a learning rate below 1 and the
+    least and most --entries are taken; a learning rate of 0 is refused."""
     parse = engine_parser().parse_args
     assert parse(["train", "copy", "--seed", "0"]).seed == 0
     assert parse(["train", "copy", "--dropout", "0"]).dropout == 0.0  # README: "none"
+    assert parse(["train", "copy", "--lr", "1e-4"]).lr == 1e-4  # a fine-tuning's
+    generate = ["generate", "--checkpoint", "RUN", "--prompt", "a", "--temperature"]
+    assert parse([*generate, "0"]).temperature == 0.0  # greedy
+    assert parse([*generate, "0.5"]).temperature == 0.5
     assert parse(["grads", "--entries", "1"]).entries == 1
     assert parse(["grads", "--entries", "64"]).entries == 64
     with pytest.raises(SystemExit):
