@@ -298,7 +298,7 @@ def test_the_grads_study_measures_the_losss_rounding_once(monkeypatch):
     _, rows = gradient_study("gpt", seed=0, entries=2)
     sampled = sum(min(2, int(np.prod(row["shape"]))) for row in rows)
     assert len(evaluations) == 9 + len(rows) + 4 * sampled
-    assert max(row["rel_error"] for row in rows) <= 1e-6
+    assert np.max([row["rel_error"] for row in rows]) <= 1e-6  # a NaN fails it
     # measured along the sampled entry with the largest gradient, the study's draws redone
     model, batch = example_batch("gpt", 0)
     _, grads = model.loss_and_grads(*batch)

@@ -23,7 +23,10 @@ INVARIANCE_TOLERANCE = 1e-12  # float64, normwise relative; a broken mask gives 
 
 
 def relative_deviation(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+    """||a - b|| / ||b||, and inf where either holds a NaN: the measurements take the worst of
+    several with Python's max, which would pass a NaN over."""
+    deviation = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+    return np.inf if np.isnan(deviation) else deviation
 
 
 # ------------------------------------------------------------------------ measurements
@@ -225,6 +228,23 @@ def test_prefix_check_catches_a_missing_causal_mask(without_causal_mask):
 def test_source_padding_check_catches_a_missing_padding_mask(without_padding_mask):
     model, source, decoder_input = _seq2seq_batch()
     assert source_padding_deviation(model, source, decoder_input) > 1e-4
+
+
+def test_the_measurements_catch_a_nan_after_a_finite_deviation(monkeypatch):
+    """A forward that returns NaN logits once the input changes reads as an infinite
+    deviation, not as the finite ones measured before it."""
+    gpt = ne.MiniGPT(ne.GPTConfig(n_layers=1, dtype="float64"), seed=0)
+    idx, calls = np.random.default_rng(1).integers(0, 13, (2, 6)), []
+    forward = gpt.forward
+
+    def nan_on_the_third_call(ids):
+        logits, cache = forward(ids)
+        calls.append(1)
+        return (logits * np.nan if len(calls) == 3 else logits), cache
+
+    monkeypatch.setattr(gpt, "forward", nan_on_the_third_call)
+    assert gpt_future_token_deviation(gpt, idx, np.random.default_rng(0)) == np.inf
+    assert relative_deviation(np.array([1.0, np.nan]), np.ones(2)) == np.inf
 
 
 def test_hidden_values_check_catches_a_missing_mask():
