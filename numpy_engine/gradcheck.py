@@ -117,8 +117,12 @@ def _check_nudgeable(x: np.ndarray) -> None:
 
 
 def relative_error(analytic: np.ndarray, numeric: np.ndarray, floor: float = 0.0) -> float:
-    """||analytic - numeric|| / max(||analytic||, ||numeric||, floor), normwise."""
+    """||analytic - numeric|| / max(||analytic||, ||numeric||, floor), normwise; inf where
+    either holds a NaN or an inf (without that, a NaN gradient read 0: Python's max over the
+    norms kept the NaN, and NaN > 0 is false)."""
     diff = np.linalg.norm(np.ravel(analytic) - np.ravel(numeric))
+    if not np.isfinite(diff):
+        return float("inf")
     scale = max(np.linalg.norm(analytic), np.linalg.norm(numeric), floor)
     return float(diff / scale) if scale > 0 else 0.0
 

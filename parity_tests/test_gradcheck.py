@@ -114,6 +114,17 @@ def test_relative_error_is_normwise_with_a_floor():
     assert relative_error(np.zeros(2), np.zeros(2)) == 0.0
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_gradient_that_is_not_finite_fails_the_finite_difference_check(bad):
+    """A NaN or inf entry, in the analytic gradient or the estimate, is an infinite error:
+    a NaN gradient used to read 0, passing every check."""
+    assert relative_error(np.array([1.0, bad]), np.array([1.0, 2.0])) == np.inf
+    assert relative_error(np.array([1.0, 2.0]), np.array([bad, 2.0])) == np.inf
+    x = np.array([1.0, 2.0])
+    check = check_directions(lambda: float(np.sum(x**2)), x, np.array([bad, 4.0]), [np.ones(2)])
+    assert check.error == np.inf and not check.error < 1e-6
+
+
 def test_rounding_noise_is_read_from_nine_values_delta_apart():
     """Alternating +-e on a smooth f: every third difference is 8e, so the estimate is
     sqrt(64 e^2 / 20), whatever f's slope and curvature. A flat f: eps * |f|, its floor."""
