@@ -260,23 +260,26 @@ def _heldout_evaluation(heldout: tuple | None, batch_size: int, parallel: DataPa
 BEST = "best"  # the directory in a run's --out where --keep-best writes
 
 
-def best_evaluation(evaluations: list[dict]) -> dict:
+def best_evaluation(evaluations: list[dict]) -> dict | None:
     """The evaluation of the lowest held-out loss, the first of equal ones: the one
-    --keep-best kept."""
-    return min(evaluations, key=lambda e: e["heldout_loss"])
+    --keep-best kept. A NaN loss is never the best (it compares false both ways: kept, it
+    would stand as the best and no later loss would beat it); None if every loss is NaN."""
+    numbers = [e for e in evaluations if not np.isnan(e["heldout_loss"])]
+    return min(numbers, key=lambda e: e["heldout_loss"]) if numbers else None
 
 
 def _keeping_the_best(evaluate, out: Path, codec: dict, writes: bool):
     """evaluate, then, at an evaluation whose held-out loss is below every earlier one of the
-    run's (a resumed run's too: they are in its history), the model's weights and tokenizer
-    written to out (writes: this process is the one that writes). generate and eval read
-    that checkpoint; it holds no optimizer state, so it resumes no run."""
+    run's (a resumed run's too: they are in its history; never a NaN), the model's weights
+    and tokenizer written to out (writes: this process is the one that writes). generate and
+    eval read that checkpoint; it holds no optimizer state, so it resumes no run."""
 
     def evaluate_and_keep(state: TrainState) -> str:
         line = evaluate(state)
-        *earlier, last = [e["heldout_loss"] for e in state.history["eval"]]
-        if earlier and last >= min(earlier):
+        best = best_evaluation(state.history["eval"])
+        if best is None or best is not state.history["eval"][-1]:  # NaN, or not below them all
             return line
+        last = best["heldout_loss"]
         if writes:
             meta = {"step": state.step, "heldout_loss": last, **codec}
             save_checkpoint(out, state.model, None, meta)
@@ -319,6 +322,8 @@ def _best_result(state: TrainState, checkpointing: Checkpointing | None) -> dict
     if checkpointing is None or not checkpointing.keep_best:
         return {}
     best = best_evaluation(state.history["eval"])
+    if best is None:  # every held-out loss was NaN: nothing was kept
+        return {"best": None}
     return {"best": {**best, "checkpoint": str(checkpointing.out / BEST)}}
 
 
@@ -416,9 +421,8 @@ def resume(
 def _refuse_a_best_already_lost(out: Path, history: dict) -> None:
     """--keep-best on resuming a run that evaluated without it: its lowest held-out loss so
     far, which later evaluations must beat to be kept, has no weights in out/BEST."""
-    evaluations = history.get("eval", [])
-    if evaluations and not resolve(out / BEST).exists():
-        best = best_evaluation(evaluations)
+    best = best_evaluation(history.get("eval", []))
+    if best is not None and not resolve(out / BEST).exists():
         raise InputError(
             f"--keep-best: the run in {out} was not kept at its best so far (held-out loss "
             f"{best['heldout_loss']:.4f} at step {best['step']}, without --keep-best): resume "

@@ -80,6 +80,33 @@ def test_only_an_evaluation_below_every_earlier_one_is_kept(tmp_path, monkeypatc
     assert len(written) == 2  # the best so far, but not this rank's to write
 
 
+def test_a_nan_held_out_loss_is_never_kept_nor_the_best_later_ones_must_beat(tmp_path, monkeypatch):
+    """A NaN compares false both ways: kept, it wrote the diverged weights over the best ones,
+    and no later loss could beat it. Losses 2, NaN, 3, 1.5: kept at 2 and at 1.5 only."""
+    written = []
+    monkeypatch.setattr(
+        train, "save_checkpoint", lambda out, model, opt, meta: written.append(meta["heldout_loss"])
+    )
+    losses = iter([2.0, float("nan"), 3.0, 1.5])
+    state = TrainState(None, None, None, 0, {"eval": []})
+
+    def evaluate(state):
+        state.history["eval"].append({"step": state.step, "heldout_loss": next(losses)})
+        return ""
+
+    keep = train._keeping_the_best(evaluate, tmp_path / "best", {}, True)
+    kept = [keep(state) != "" for _ in range(4)]
+    assert kept == [True, False, False, True] and written == [2.0, 1.5]
+    assert train.best_evaluation(state.history["eval"])["heldout_loss"] == 1.5
+    nan_first = [{"step": 1, "heldout_loss": float("nan")}, {"step": 2, "heldout_loss": 4.0}]
+    assert train.best_evaluation(nan_first)["step"] == 2
+    assert train.best_evaluation(nan_first[:1]) is None
+    only_nan = TrainState(None, None, None, 1, {"eval": nan_first[:1]})
+    checkpointing = train.Checkpointing(tmp_path, None, keep_best=True)
+    assert train._best_result(only_nan, checkpointing) == {"best": None}
+    train._refuse_a_best_already_lost(tmp_path, only_nan.history)  # no best was there to lose
+
+
 def test_a_run_without_keep_best_reports_no_best(tmp_path):
     state = TrainState(None, None, None, 2, {"eval": [{"step": 2, "heldout_loss": 1.0}]})
     assert train._best_result(state, None) == {}
