@@ -277,7 +277,7 @@ def _keeping_the_best(evaluate, out: Path, codec: dict, writes: bool):
     def evaluate_and_keep(state: TrainState) -> str:
         line = evaluate(state)
         best = best_evaluation(state.history["eval"])
-        if best is None or best is not state.history["eval"][-1]:  # NaN, or not below them all
+        if best is not state.history["eval"][-1]:  # a NaN, or not below every earlier one
             return line
         last = best["heldout_loss"]
         if writes:
