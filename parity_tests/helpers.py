@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -72,7 +73,14 @@ def record_count(event: str) -> None:
 
 
 def record(name: str, error: float) -> None:
-    WORST_ERRORS[name] = max(error, WORST_ERRORS.get(name, 0.0))
+    """Keep the worst error seen by the check `name`, a NaN as inf (Python's max would keep
+    whichever came first of it and a number)."""
+    worse(WORST_ERRORS, name, error)
+
+
+def worse(worst: dict[str, float], name: str, error: float) -> None:
+    """worst[name] becomes the larger of itself and error, a NaN counting as inf."""
+    worst[name] = max(math.inf if math.isnan(error) else error, worst.get(name, 0.0))
 
 
 def assert_matches_finite_differences(

@@ -93,6 +93,20 @@ def test_a_nan_error_is_the_worst_ratio_and_fails_its_check():
     assert nothing._replace(bound=0.0, error=1e-9).ratio == np.inf
 
 
+def test_the_worst_error_table_keeps_a_nan_as_inf():
+    """The table printed after a run (helpers.record): a NaN, after a number or before one,
+    stays the worst as inf."""
+    from parity_tests.helpers import worse
+
+    worst: dict[str, float] = {}
+    for error in (1e-12, float("nan"), 1e-9):
+        worse(worst, "check", error)
+    assert worst == {"check": np.inf}
+    worse(worst, "other", 1e-12)
+    worse(worst, "other", 1e-14)
+    assert worst["other"] == 1e-12
+
+
 def test_sensitivity_of_few_entries_moves_each_in_turn():
     """y = 3 x: moving each x_i by u x_i moves y by 3 u x_i; in quadrature, 3 u ||x||.
     z = x_0 x_1: each of the two moves z by u |x_0 x_1|, so sqrt(2) u |x_0 x_1|."""
