@@ -46,16 +46,20 @@ def rmsnorm_backward(dout, cache):
     Layernorm's dx (docs/gradients.md#layernorm) has one more term, -mean(g): the path
     through its mean, which RMSNorm does not subtract."""
     xhat, r, weight = cache
-    dweight = (dout * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)  # (C,)
     g = dout * weight  # (..., C)
     dx = r * (g - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
-    return dx, {"weight": dweight}
+    return dx, {"weight": weight_gradient(dout, xhat)}
+
+
+def weight_gradient(dout, xhat):
+    """forward was out = xhat * w, w shared by every row: dw = sum over the rows of dout * xhat."""
+    return (dout * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)  # (C,)
 
 
 def rmsnorm_backward_without_r_path(dout, cache):
     """A wrong backward, for part 3: it treats r as a constant (drops the path through r)."""
     xhat, r, weight = cache
-    return r * dout * weight, {"weight": (dout * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)}
+    return r * dout * weight, {"weight": weight_gradient(dout, xhat)}
 
 
 def finite_difference_errors(backward, x, weight, dout, rng):

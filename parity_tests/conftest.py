@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 threadpool_limits(1)  # numpy may have started its BLAS before this file was read
 torch.set_num_threads(1)
 
-from parity_tests.helpers import COUNTS, WORST_ERRORS, worse  # noqa: E402
+from parity_tests.helpers import COUNTS, WORST_ERRORS, keep_worst  # noqa: E402
 
 settings.register_profile(
     "default", max_examples=15, derandomize=True, database=None, deadline=None, print_blob=True
@@ -63,7 +63,7 @@ def pytest_sessionfinish(session):
 def pytest_testnodedown(node, error):
     output = getattr(node, "workeroutput", {})
     for name, value in json.loads(output.get("worst_errors", "{}")).items():
-        worse(WORST_ERRORS, name, value)
+        keep_worst(WORST_ERRORS, name, value)
     for event, count in json.loads(output.get("counts", "{}")).items():
         COUNTS[event] = COUNTS.get(event, 0) + count
 

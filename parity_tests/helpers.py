@@ -75,10 +75,10 @@ def record_count(event: str) -> None:
 def record(name: str, error: float) -> None:
     """Keep the worst error seen by the check `name`, a NaN as inf (Python's max would keep
     whichever came first of it and a number)."""
-    worse(WORST_ERRORS, name, error)
+    keep_worst(WORST_ERRORS, name, error)
 
 
-def worse(worst: dict[str, float], name: str, error: float) -> None:
+def keep_worst(worst: dict[str, float], name: str, error: float) -> None:
     """worst[name] becomes the larger of itself and error, a NaN counting as inf."""
     worst[name] = max(math.inf if math.isnan(error) else error, worst.get(name, 0.0))
 

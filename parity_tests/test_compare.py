@@ -96,14 +96,14 @@ def test_a_nan_error_is_the_worst_ratio_and_fails_its_check():
 def test_the_worst_error_table_keeps_a_nan_as_inf():
     """The table printed after a run (helpers.record): a NaN, after a number or before one,
     stays the worst as inf."""
-    from parity_tests.helpers import worse
+    from parity_tests.helpers import keep_worst
 
     worst: dict[str, float] = {}
     for error in (1e-12, float("nan"), 1e-9):
-        worse(worst, "check", error)
+        keep_worst(worst, "check", error)
     assert worst == {"check": np.inf}
-    worse(worst, "other", 1e-12)
-    worse(worst, "other", 1e-14)
+    keep_worst(worst, "other", 1e-12)
+    keep_worst(worst, "other", 1e-14)
     assert worst["other"] == 1e-12
 
 
