@@ -22,7 +22,10 @@ from numpy_engine.cli_args import (
     positive_int,
     source_ids,
 )
+from numpy_engine.gradcheck import TOLERANCE
 from numpy_engine.models import KINDS
+
+_TOLERANCE = f"{TOLERANCE:.0e}".replace("e-0", "e-")  # the grads verdict's: 1e-6, not 1e-06
 
 MAX_ENTRIES = 64
 
@@ -69,8 +72,10 @@ def add_study_commands(commands) -> None:
         help="gradient norms per parameter, each next to a finite-difference estimate",
         description="Build the default model in float64 from --seed, run one padded batch, and "
         "print each parameter's gradient norm; on a few sampled entries, the norm of the "
-        "hand-written gradient, the norm of a central finite-difference estimate, and their "
-        "relative error.",
+        "hand-written gradient, the norm of a central finite-difference estimate, their "
+        f"relative error and a verdict: FAIL above {_TOLERANCE} (the command then names the "
+        "parameters "
+        "and exits 1), n/a where every sampled entry sat on a kink.",
     )
     grads.add_argument(
         "--model",
@@ -202,21 +207,40 @@ def run_grads(args: argparse.Namespace) -> int:
     shape_width = max(len("shape"), *(len(str(r["shape"])) for r in rows))
     header = (
         f"{'parameter':<{name_width}} {'shape':<{shape_width}} {'|grad|':>10}"
-        f"   {'sampled entries: |grad|':>23} {'|finite diff|':>13} {'rel. error':>10}"
+        f"   {'sampled entries: |grad|':>23} {'|finite diff|':>13} {'rel. error':>10}  verdict"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         sampled = f"{r['sampled_norm']:>23.6e} {r['fd_norm']:>13.6e} {r['rel_error']:>10.1e}"
         name, shape = f"{r['name']:<{name_width}}", f"{str(r['shape']):<{shape_width}}"
-        print(f"{name} {shape} {r['grad_norm']:>10.3e}   {sampled}")
+        print(f"{name} {shape} {r['grad_norm']:>10.3e}   {sampled}  {r['verdict']:>7}")
+    print(_grads_summary(rows))
     if args.plot:
         from numpy_engine.plots import plot_grad_norms
 
         norms = {r["name"]: r["grad_norm"] for r in rows}
         title = f"{args.model}: gradient norm per parameter, one batch, seed {args.seed}"
         print(f"wrote {plot_grad_norms(norms, args.plot, title)}")
-    return 0
+    return 1 if any(r["verdict"] == "FAIL" for r in rows) else 0
+
+
+def _grads_summary(rows: list[dict]) -> str:
+    """What the rel. error column measures, and which parameters failed (grads exits 1)."""
+    failed = [r["name"] for r in rows if r["verdict"] == "FAIL"]
+    unjudged = [r["name"] for r in rows if r["verdict"] == "n/a"]
+    lines = [
+        "rel. error: |grad - finite diff| on the sampled entries over the larger of their norms",
+        "and a floor set by the finite difference's own rounding (a key bias's true gradient is",
+        f"0); a correct backward reads below {_TOLERANCE}.",
+    ]
+    if unjudged:
+        lines.append(f"n/a: every sampled entry of {', '.join(unjudged)} sat on a kink")
+    if failed:
+        lines.append(f"FAIL: {len(failed)} of {len(rows)} parameters: {', '.join(failed)}")
+    else:
+        lines.append(f"every judged parameter passed ({len(rows) - len(unjudged)} of {len(rows)})")
+    return "\n".join(lines)
 
 
 class EvalProgress:

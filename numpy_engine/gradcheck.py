@@ -156,6 +156,11 @@ def noise_floor(noise: float, count: int, h: float, headroom: float = 3e7) -> fl
     return float(headroom * noise / h * np.sqrt(count))
 
 
+# A correct gradient's relative error against central differences stays below this (within
+# noise_floor's headroom where it is as small as their rounding); a wrong one's is far above.
+TOLERANCE = 1e-6
+
+
 class GradientCheck(NamedTuple):
     error: float  # the smallest relative error over the steps tried
     numeric: np.ndarray  # the estimates at the step that gave it (NaN: across a kink, not judged)
@@ -166,7 +171,7 @@ def check_gradient(
     x: np.ndarray,
     analytic: np.ndarray,
     indices: np.ndarray,
-    tolerance: float = 1e-6,
+    tolerance: float = TOLERANCE,
     steps: tuple[float, ...] = (1e-5, 1e-4),
     f_terms: float = 0.0,
     noise: float | None = None,
@@ -181,7 +186,7 @@ def check_directions(
     x: np.ndarray,
     analytic: np.ndarray,
     directions: list[int | np.ndarray],
-    tolerance: float = 1e-6,
+    tolerance: float = TOLERANCE,
     steps: tuple[float, ...] = (1e-5, 1e-4),
     f_terms: float = 0.0,
     noise: float | None = None,

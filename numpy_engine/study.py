@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numpy_engine.gradcheck import check_gradient, rounding_noise, sample_indices
+from numpy_engine.gradcheck import TOLERANCE, check_gradient, rounding_noise, sample_indices
 from numpy_engine.models import model_class
 
 
@@ -17,7 +17,9 @@ def example_batch(kind: str, seed: int) -> tuple:
 
 def gradient_study(kind: str, seed: int, entries: int = 4) -> tuple[float, list[dict]]:
     """The loss, and per parameter: gradient norm, and on `entries` sampled entries the
-    analytic values' norm, the finite-difference estimate's norm, and their relative error."""
+    analytic values' norm, the finite-difference estimate's norm, their relative error, and
+    its verdict: "pass" within gradcheck.TOLERANCE, "FAIL" above it, "n/a" where no sampled
+    entry could be judged (each sat on a kink, such as ReLU's 0, that no step avoids)."""
     model, batch = example_batch(kind, seed)
     loss, grads = model.loss_and_grads(*batch)
     rng = np.random.default_rng(seed)
@@ -41,9 +43,17 @@ def gradient_study(kind: str, seed: int, entries: int = 4) -> tuple[float, list[
                 "sampled_norm": float(np.linalg.norm(analytic[key])),
                 "fd_norm": float(np.linalg.norm(check.numeric)),
                 "rel_error": check.error,
+                "verdict": verdict(check.error),
             }
         )
     return loss, rows
+
+
+def verdict(error: float) -> str:
+    """gradient_study's verdict on a relative error (NaN: none of the entries judged)."""
+    if np.isnan(error):
+        return "n/a"
+    return "pass" if error <= TOLERANCE else "FAIL"
 
 
 def loss_rounding(probe, params: dict, sampled: dict, analytic: dict) -> float:

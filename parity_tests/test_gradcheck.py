@@ -341,16 +341,69 @@ def test_the_grads_command_prints_the_study_row_by_row(capsys):
 
     loss, rows = gradient_study("seq2seq", seed=1, entries=2)
     assert main(["grads", "--model", "seq2seq", "--seed", "1", "--entries", "2"]) == 0
-    title, header, rule, *table = capsys.readouterr().out.splitlines()
+    title, header, rule, *lines = capsys.readouterr().out.splitlines()
+    table, summary = lines[: len(rows)], lines[len(rows) :]
     assert title == f"seq2seq, seed 1: loss {loss:.6f} on one padded batch (float64)"
     assert header.split()[:2] == ["parameter", "shape"] and rule == "-" * len(header)
     assert {len(line) for line in table} == {len(header)}  # every column aligned, long names too
     for line, row in zip(table, rows, strict=True):
-        name, *shape, grad_norm, sampled, fd, error = line.split()
+        name, *shape, grad_norm, sampled, fd, error, verdict = line.split()
         assert (name, " ".join(shape)) == (row["name"], str(row["shape"]))
         printed = [float(grad_norm), float(sampled), float(fd), float(error)]
         values = [row[k] for k in ("grad_norm", "sampled_norm", "fd_norm", "rel_error")]
         assert np.allclose(printed, values, rtol=0.06, atol=0), (printed, values)  # as rounded
+        assert verdict == row["verdict"] == "pass"
+    assert summary[0].startswith("rel. error: |grad - finite diff|")
+    assert summary[2].endswith("a correct backward reads below 1e-6.")
+    assert summary[3:] == [f"every judged parameter passed ({len(rows)} of {len(rows)})"]
+
+
+def test_the_grads_command_fails_a_wrong_gradient_by_name(capsys, monkeypatch):
+    """One parameter's gradient 1% off, as a wrong backward would leave it: its row reads
+    FAIL, the others pass, the summary names it and the command exits 1."""
+    from numpy_engine.cli import main
+    from numpy_engine.models import model_class
+
+    kind = model_class("seq2seq")
+    right = kind.loss_and_grads
+
+    def one_wrong(self, *batch):
+        loss, grads = right(self, *batch)
+        grads["decoder_norm.weight"] = grads["decoder_norm.weight"] * 1.01
+        return loss, grads
+
+    monkeypatch.setattr(kind, "loss_and_grads", one_wrong)
+    assert main(["grads", "--model", "seq2seq", "--entries", "2"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.endswith(("pass", "FAIL"))]
+    verdicts = {words[0]: words[-1] for words in rows}
+    assert verdicts.pop("decoder_norm.weight") == "FAIL"
+    assert len(verdicts) == 48 and set(verdicts.values()) == {"pass"}
+    assert lines[-1] == "FAIL: 1 of 49 parameters: decoder_norm.weight"
+
+
+def test_the_grads_summary_names_what_it_could_not_judge_and_what_failed():
+    from numpy_engine.cli_study import _grads_summary
+
+    rows = [{"name": n, "verdict": v} for n, v in [("a", "pass"), ("b", "n/a"), ("c", "FAIL")]]
+    *_, unjudged, failed = _grads_summary(rows).splitlines()
+    assert unjudged == "n/a: every sampled entry of b sat on a kink"
+    assert failed == "FAIL: 1 of 3 parameters: c"
+    *_, passed = _grads_summary(rows[:2]).splitlines()
+    assert passed == "every judged parameter passed (1 of 2)"
+
+
+def test_the_grads_verdict_on_a_relative_error():
+    from numpy_engine.gradcheck import TOLERANCE
+    from numpy_engine.study import verdict
+
+    assert [verdict(e) for e in (0.0, TOLERANCE, np.nextafter(TOLERANCE, 1.0), np.inf)] == [
+        "pass",
+        "pass",
+        "FAIL",
+        "FAIL",
+    ]
+    assert verdict(np.nan) == "n/a"  # no sampled entry judged
 
 
 def test_the_docs_section_on_the_witness_quotes_its_settings():
