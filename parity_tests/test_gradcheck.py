@@ -389,8 +389,10 @@ def test_the_grads_summary_names_what_it_could_not_judge_and_what_failed():
     *_, unjudged, failed = _grads_summary(rows).splitlines()
     assert unjudged == "n/a: every sampled entry of b sat on a kink"
     assert failed == "FAIL: 1 of 3 parameters: c"
-    *_, passed = _grads_summary(rows[:2]).splitlines()
+    *_, unjudged, passed = _grads_summary(rows[:2]).splitlines()
+    assert unjudged == "n/a: every sampled entry of b sat on a kink"
     assert passed == "every judged parameter passed (1 of 2)"
+    assert len(_grads_summary(rows[:1]).splitlines()) == 4  # the note's three lines, the verdict
 
 
 def test_the_grads_verdict_on_a_relative_error():
