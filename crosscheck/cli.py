@@ -30,16 +30,23 @@ def add_parity_command(commands) -> None:
     parity = commands.add_parser(
         "parity",
         help="compare every gradient with the PyTorch reference on one padded batch",
-        description="Build the engine model and its PyTorch twin from one seed, run one padded "
-        "batch through both, and print each tensor's difference. Exits 1 if any row fails. "
-        "Needs the test extra (PyTorch).",
+        description="Build the engine model and its PyTorch twin from one seed (or give both a "
+        "checkpoint's weights), run one padded batch through both, and print each tensor's "
+        "difference. Exits 1 if any row fails. Needs the test extra (PyTorch).",
     )
-    parity.add_argument(
+    which = parity.add_mutually_exclusive_group()
+    which.add_argument(
         "--model",
         choices=list(KINDS),
         default="seq2seq",
-        help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT "
-        "(default: seq2seq)",
+        help="seq2seq: the copy-task encoder-decoder; gpt: the character MiniGPT; gpt2: a small "
+        "GPT-2, against transformers (default: seq2seq)",
+    )
+    which.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="instead, the model a checkpoint holds (a checkpoint.npz or a run directory, e.g. "
+        "an imported GPT-2), in float64, on a batch of 4 x at most 32 positions",
     )
     parity.add_argument(
         "--dtype",
@@ -162,7 +169,7 @@ def run_import(args: argparse.Namespace) -> int:
 def run_parity(args: argparse.Namespace) -> int:
     from crosscheck.report import report
 
-    lines, ok = report(args.model, args.dtype, args.seed)
+    lines, ok = report(args.model, args.dtype, args.seed, args.checkpoint)
     print("\n".join(lines))
     return 0 if ok else 1
 

@@ -18,9 +18,22 @@ from crosscheck.compare import (
     sensitivities,
 )
 from crosscheck.convert import grads_from_torch, tensor, torch_model_for
+from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.study import example_batch
 
 ABSOLUTE_MARK = "*"
+# a checkpoint's batch has at most this many positions: at a real GPT-2's 1024, its float64
+# logits alone would be 4 x 1024 x 50257 x 8 bytes, 1.6 GB, in each library
+CHECKPOINT_LENGTH = 32
+
+
+def checkpoint_example(path: str, seed: int) -> tuple:
+    """A checkpoint's model (its weights, in float64) and one padded batch of 4 rows drawn
+    from seed, as example_batch draws it for the kind's default model."""
+    model = load_checkpoint(path, optimizer=False).model.with_dtype("float64")
+    config = model.config
+    length = min(config.max_len, CHECKPOINT_LENGTH) if hasattr(config, "max_len") else None
+    return model, type(model).example_batch(config, np.random.default_rng(seed), 4, length)
 
 
 def results(model, batch) -> dict[str, np.ndarray]:
@@ -55,9 +68,16 @@ def float32_report_checks(model, batch, seed: int) -> tuple[dict, dict, dict]:
     return ours, ref, float32_checks(ours, golden, sensitivity)
 
 
-def report(model_name: str, dtype: str, seed: int) -> tuple[list[str], bool]:
-    """The table's lines and whether every row passed."""
-    model, batch = example_batch(model_name, seed)
+def report(
+    model_name: str, dtype: str, seed: int, checkpoint: str | None = None
+) -> tuple[list[str], bool]:
+    """The table's lines and whether every row passed: the default model of kind model_name,
+    or, given checkpoint, the model it holds (model_name is then its kind)."""
+    if checkpoint is None:
+        model, batch = example_batch(model_name, seed)
+    else:
+        model, batch = checkpoint_example(checkpoint, seed)
+        model_name = f"{checkpoint}: {model.kind}"
     if dtype == "float64":
         ours, ref, checks = (
             results(model, batch),

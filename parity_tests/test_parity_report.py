@@ -14,7 +14,11 @@ import pytest
 
 import numpy_engine.blocks
 from crosscheck.cli import main  # in-process, so that monkeypatch reaches the engine
+from crosscheck.report import CHECKPOINT_LENGTH, checkpoint_example
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.cli import main as engine_main
 from numpy_engine.layers import layernorm_backward
+from parity_tests.test_hf_interchange import save_random_gpt2
 
 
 @pytest.mark.parametrize("model", ["seq2seq", "gpt", "gpt2"])
@@ -72,3 +76,54 @@ def test_rows_whose_true_value_is_zero_are_marked_as_judged_by_the_absolute_boun
     marked = [line.split()[0] for line in lines if "*" in line and line.endswith("pass")]
     assert marked and all(name.endswith("k_proj.bias") for name in marked), marked
     assert lines[-1].startswith("* true value ~0") and "absolute bound" in lines[-1]
+
+
+@pytest.fixture(scope="module")
+def trained_copy(tmp_path_factory):
+    """A copy model after 20 steps: weights no seed draws."""
+    out = tmp_path_factory.mktemp("parity") / "copy"
+    assert engine_main(["train", "copy", "--steps", "20", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def test_parity_of_a_checkpoint_runs_its_own_weights(trained_copy, capsys):
+    assert main(["parity", "--checkpoint", str(trained_copy)]) == 0
+    out = capsys.readouterr().out
+    assert f"51 tensors compared, 0 failed ({trained_copy}: seq2seq, float64, seed 0)" in out
+    model, (source, decoder_input, target) = checkpoint_example(str(trained_copy), seed=0)
+    saved = load_checkpoint(trained_copy, optimizer=False).model.params
+    assert model.config.dtype == "float64" and saved.keys() == model.params.keys()
+    assert all(np.array_equal(model.params[k], saved[k]) for k in saved)  # float32 -> float64
+    assert source.shape == (4, 3) and decoder_input.shape == target.shape == (4, 4)
+
+
+def test_parity_of_an_imported_gpt2_against_transformers(tmp_path, capsys):
+    """A random transformers GPT-2 saved by save_pretrained, through import-hf, then parity:
+    every gradient against GPT2LMHeadModel, on at most CHECKPOINT_LENGTH positions."""
+    run, hf = tmp_path / "run", save_random_gpt2(tmp_path / "hf")
+    assert engine_main(["import-hf", str(hf), "--out", str(run)]) == 0
+    for dtype in ("float64", "float32"):
+        assert main(["parity", "--checkpoint", str(run), "--dtype", dtype]) == 0
+        assert f"38 tensors compared, 0 failed ({run}: gpt2, {dtype}" in capsys.readouterr().out
+    _, (idx, targets) = checkpoint_example(str(run), seed=0)
+    assert idx.shape == targets.shape == (4, CHECKPOINT_LENGTH)  # its n_positions is 32
+
+
+def test_parity_of_a_checkpoint_fails_on_a_broken_backward(trained_copy, monkeypatch, capsys):
+    monkeypatch.setattr(
+        numpy_engine.blocks, "layernorm_backward", _layernorm_backward_without_mean_term
+    )
+    assert main(["parity", "--checkpoint", str(trained_copy)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_parity_takes_a_model_or_a_checkpoint_not_both(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["parity", "--model", "gpt", "--checkpoint", "RUN"])
+    assert exit_info.value.code == 2
+    assert "--checkpoint: not allowed with argument --model" in capsys.readouterr().err
+
+
+def test_parity_of_a_missing_checkpoint_names_it(capsys):
+    assert main(["parity", "--checkpoint", "nowhere"]) == 2
+    assert "checkpoint nowhere/checkpoint.npz: no such file" in capsys.readouterr().err
