@@ -30,6 +30,17 @@ def test_parity_report_passes_and_lists_every_tensor(model, dtype, capsys):
     assert f"{expected_tensors} tensors compared, 0 failed ({model}, {dtype}, seed 3)" in out
     assert out.count("  pass") == expected_tensors
     assert "readout.weight" in out or "head.weight" in out or "tok_embed.weight" in out
+    header, rule, *rows = out.splitlines()
+    columns = "tensor shape max |diff| rel diff" + (
+        " err vs f64 bound" if dtype == "float32" else ""
+    )
+    assert header.split() == f"{columns} result".split()
+    assert rule == "-" * len(header)
+    loss_row = next(row for row in rows if row.startswith("loss "))
+    # name, shape (), max |diff|, rel diff, [error against float64, bound,] result
+    assert len(loss_row.split()) == 5 + (2 if dtype == "float32" else 0)
+    # every kind has attention key biases, judged by the absolute bound in float64 only
+    assert out.splitlines()[-1].startswith("* true value ~0") == (dtype == "float64")
 
 
 def _layernorm_backward_without_mean_term(dout, cache):
@@ -46,6 +57,7 @@ def test_parity_report_fails_on_a_broken_backward(monkeypatch, capsys):
     assert main(["parity", "--model", "gpt"]) == 1
     out = capsys.readouterr().out
     failed = [line.split()[0] for line in out.splitlines() if line.endswith("FAIL")]
+    assert f"56 tensors compared, {len(failed)} failed (gpt, float64, seed 0)" in out
     assert "blocks.0.ln1.weight" in failed or "tok_embed.weight" in failed
     assert np.isin(["head.weight", "head.bias"], failed).sum() == 0  # upstream of the break
 
@@ -127,3 +139,33 @@ def test_parity_takes_a_model_or_a_checkpoint_not_both(capsys):
 def test_parity_of_a_missing_checkpoint_names_it(capsys):
     assert main(["parity", "--checkpoint", "nowhere"]) == 2
     assert "checkpoint nowhere/checkpoint.npz: no such file" in capsys.readouterr().err
+
+
+def test_parity_draws_the_default_model_from_its_seed(monkeypatch):
+    import crosscheck.report
+
+    drawn = []
+    real = crosscheck.report.example_batch
+    monkeypatch.setattr(
+        crosscheck.report,
+        "example_batch",
+        lambda kind, seed: drawn.append(seed) or real(kind, seed),
+    )
+    assert main(["parity", "--model", "seq2seq", "--seed", "5"]) == 0
+    assert drawn == [5]
+
+
+def test_a_checkpoints_batch_is_drawn_from_the_seed_and_cut_to_32_positions(tmp_path):
+    from numpy_engine.checkpoint import save_checkpoint
+    from numpy_engine.models import GPTConfig, MiniGPT
+
+    config = GPTConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=64)
+    path = save_checkpoint(tmp_path / "run", MiniGPT(config, seed=0))
+    model, (idx, targets) = checkpoint_example(str(path), seed=5)
+    assert idx.shape == targets.shape == (4, CHECKPOINT_LENGTH)  # not its 64 positions
+    again, expected = (
+        checkpoint_example(str(path), seed=5)[1],
+        MiniGPT.example_batch(model.config, np.random.default_rng(5), 4, CHECKPOINT_LENGTH),
+    )
+    for a, b, c in zip((idx, targets), again, expected, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
