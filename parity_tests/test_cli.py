@@ -298,7 +298,7 @@ def test_bad_flags_exit_2_with_one_line(args, message):
         (["grads", "--checkpoint", "RUN"], "grads", "--checkpoint RUN"),
         (["train", "copy", "--bogus", "1"], "train", "--bogus 1"),
         (["generate", "--checkpoint", "RUN", "--prompt", "a", "extra"], "generate", "extra"),
-        (["parity", "--checkpoint", "RUN"], "parity", "--checkpoint RUN"),
+        (["parity", "--weights", "RUN"], "parity", "--weights RUN"),
         (["bench", "--bogus"], "bench", "--bogus"),
     ],
 )
