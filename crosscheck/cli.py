@@ -46,7 +46,8 @@ def add_parity_command(commands) -> None:
         "--checkpoint",
         metavar="PATH",
         help="instead, the model a checkpoint holds (a checkpoint.npz or a run directory, e.g. "
-        "an imported GPT-2), in float64, on a batch of 4 x at most 32 positions",
+        "an imported GPT-2): its weights in both libraries, on a batch of 4 rows of at most 32 "
+        "positions",
     )
     parity.add_argument(
         "--dtype",
@@ -56,7 +57,10 @@ def add_parity_command(commands) -> None:
         "crosscheck/compare.py, against a float64 run on the same weights (default: float64)",
     )
     parity.add_argument(
-        "--seed", type=non_negative_int, default=0, help="weights and batch seed (default: 0)"
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="the batch's seed, and the weights' without --checkpoint (default: 0)",
     )
     parity.set_defaults(run=run_parity)
 

@@ -129,6 +129,13 @@ def test_parity_of_a_checkpoint_fails_on_a_broken_backward(trained_copy, monkeyp
     assert "FAIL" in capsys.readouterr().out
 
 
+def test_the_help_gives_a_checkpoints_batch_its_length(capsys):
+    with pytest.raises(SystemExit):
+        main(["parity", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"a batch of 4 rows of at most {CHECKPOINT_LENGTH} positions" in help_text
+
+
 def test_parity_takes_a_model_or_a_checkpoint_not_both(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["parity", "--model", "gpt", "--checkpoint", "RUN"])
