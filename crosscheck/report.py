@@ -18,22 +18,9 @@ from crosscheck.compare import (
     sensitivities,
 )
 from crosscheck.convert import grads_from_torch, tensor, torch_model_for
-from numpy_engine.checkpoint import load_checkpoint
-from numpy_engine.study import example_batch
+from numpy_engine.study import checkpoint_example, example_batch
 
 ABSOLUTE_MARK = "*"
-# a checkpoint's batch has at most this many positions: at a real GPT-2's 1024, its float64
-# logits alone would be 4 x 1024 x 50257 x 8 bytes, 1.6 GB, in each library
-CHECKPOINT_LENGTH = 32
-
-
-def checkpoint_example(path: str, seed: int) -> tuple:
-    """A checkpoint's model (its weights, in float64) and one padded batch of 4 rows drawn
-    from seed, as example_batch draws it for the kind's default model."""
-    model = load_checkpoint(path, optimizer=False).model.with_dtype("float64")
-    config = model.config
-    length = min(config.max_len, CHECKPOINT_LENGTH) if hasattr(config, "max_len") else None
-    return model, type(model).example_batch(config, np.random.default_rng(seed), 4, length)
 
 
 def results(model, batch) -> dict[str, np.ndarray]:

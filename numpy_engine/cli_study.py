@@ -70,21 +70,32 @@ def add_study_commands(commands) -> None:
     grads = commands.add_parser(
         "grads",
         help="gradient norms per parameter, each next to a finite-difference estimate",
-        description="Build the default model in float64 from --seed, run one padded batch, and "
-        "print each parameter's gradient norm; on a few sampled entries, the norm of the "
-        "hand-written gradient, the norm of a central finite-difference estimate, their "
-        f"relative error and a verdict: FAIL above {_TOLERANCE} (the command then names the "
-        "parameters "
-        "and exits 1), n/a where every sampled entry sat on a kink.",
+        description="Build the default model in float64 from --seed (or read a checkpoint's "
+        "weights in float64), run one padded batch, and print each parameter's gradient norm; "
+        "on a few sampled entries, the norm of the hand-written gradient, the norm of a central "
+        f"finite-difference estimate, their relative error and a verdict: FAIL above {_TOLERANCE} "
+        "(the command then names the parameters and exits 1), n/a where every sampled entry "
+        "sat on a kink.",
     )
-    grads.add_argument(
+    which = grads.add_mutually_exclusive_group()
+    which.add_argument(
         "--model",
         choices=list(KINDS),
         default="seq2seq",
         help="the model kind: seq2seq (the copy model), gpt (MiniGPT), ... (default: seq2seq)",
     )
+    which.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="instead, the model a checkpoint holds (a checkpoint.npz or a run directory), on a "
+        "batch of 4 rows of at most 32 positions; slow on a large model: each sampled entry "
+        "costs about 20 of its forward passes",
+    )
     grads.add_argument(
-        "--seed", type=non_negative_int, default=0, help="weights and batch seed (default: 0)"
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="the batch's seed, and the weights' without --checkpoint (default: 0)",
     )
     grads.add_argument(
         "--entries",
@@ -200,8 +211,9 @@ def run_grads(args: argparse.Namespace) -> int:
         from numpy_engine.plots import check_matplotlib
 
         check_matplotlib()  # fail before the work, not after
-    loss, rows = gradient_study(args.model, args.seed, args.entries)
-    print(f"{args.model}, seed {args.seed}: loss {loss:.6f} on one padded batch (float64)")
+    loss, rows = gradient_study(args.model, args.seed, args.entries, args.checkpoint)
+    what = args.model if args.checkpoint is None else args.checkpoint
+    print(f"{what}, seed {args.seed}: loss {loss:.6f} on one padded batch (float64)")
     # columns as wide as their longest entry, so GPT-2's long names and shapes stay aligned
     name_width = max(len("parameter"), *(len(r["name"]) for r in rows))
     shape_width = max(len("shape"), *(len(str(r["shape"])) for r in rows))
@@ -220,7 +232,7 @@ def run_grads(args: argparse.Namespace) -> int:
         from numpy_engine.plots import plot_grad_norms
 
         norms = {r["name"]: r["grad_norm"] for r in rows}
-        title = f"{args.model}: gradient norm per parameter, one batch, seed {args.seed}"
+        title = f"{what}: gradient norm per parameter, one batch, seed {args.seed}"
         print(f"wrote {plot_grad_norms(norms, args.plot, title)}")
     return 1 if any(r["verdict"] == "FAIL" for r in rows) else 0
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.gradcheck import TOLERANCE, check_gradient, rounding_noise, sample_indices
 from numpy_engine.models import model_class
+
+# a checkpoint's batch has at most this many positions: at a real GPT-2's 1024, its float64
+# logits alone would be 4 x 1024 x 50257 x 8 bytes, 1.6 GB (in each library, for `parity`)
+CHECKPOINT_LENGTH = 32
 
 
 def example_batch(kind: str, seed: int) -> tuple:
@@ -15,12 +20,27 @@ def example_batch(kind: str, seed: int) -> tuple:
     return model, model_type.example_batch(model.config, np.random.default_rng(seed), 4)
 
 
-def gradient_study(kind: str, seed: int, entries: int = 4) -> tuple[float, list[dict]]:
+def checkpoint_example(path: str, seed: int) -> tuple:
+    """A checkpoint's model (its weights, in float64) and one padded batch of 4 rows drawn
+    from seed, as example_batch draws it for the kind's default model."""
+    model = load_checkpoint(path, optimizer=False).model.with_dtype("float64")
+    config = model.config
+    length = min(config.max_len, CHECKPOINT_LENGTH) if hasattr(config, "max_len") else None
+    return model, type(model).example_batch(config, np.random.default_rng(seed), 4, length)
+
+
+def gradient_study(
+    kind: str, seed: int, entries: int = 4, checkpoint: str | None = None
+) -> tuple[float, list[dict]]:
     """The loss, and per parameter: gradient norm, and on `entries` sampled entries the
     analytic values' norm, the finite-difference estimate's norm, their relative error, and
     its verdict: "pass" within gradcheck.TOLERANCE, "FAIL" above it, "n/a" where no sampled
-    entry could be judged (each sat on a kink, such as ReLU's 0, that no step avoids)."""
-    model, batch = example_batch(kind, seed)
+    entry could be judged (each sat on a kink, such as ReLU's 0, that no step avoids). Given
+    checkpoint, the model it holds instead of kind's default (checkpoint_example)."""
+    if checkpoint is None:
+        model, batch = example_batch(kind, seed)
+    else:
+        model, batch = checkpoint_example(checkpoint, seed)
     loss, grads = model.loss_and_grads(*batch)
     rng = np.random.default_rng(seed)
     sampled = {key: sample_indices(rng, p.size, entries) for key, p in model.params.items()}

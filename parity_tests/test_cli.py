@@ -284,6 +284,8 @@ def test_the_result_shows_a_texts_own_characters_where_the_terminal_can(tmp_path
         (["train", "copy", "--bogus"], "unrecognized arguments: --bogus"),
         (["train", "sort"], "invalid choice: 'sort'"),
         (["generate", "--checkpoint", "missing-dir", "--source", "4"], "no such file"),
+        (["grads", "--model", "gpt", "--checkpoint", "RUN"], "not allowed with argument --model"),
+        (["grads", "--checkpoint", "missing-dir"], "missing-dir/checkpoint.npz: no such file"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args, message):
@@ -295,7 +297,7 @@ def test_bad_flags_exit_2_with_one_line(args, message):
 @pytest.mark.parametrize(
     "args, command, unknown",
     [
-        (["grads", "--checkpoint", "RUN"], "grads", "--checkpoint RUN"),
+        (["grads", "--weights", "RUN"], "grads", "--weights RUN"),
         (["train", "copy", "--bogus", "1"], "train", "--bogus 1"),
         (["generate", "--checkpoint", "RUN", "--prompt", "a", "extra"], "generate", "extra"),
         (["parity", "--weights", "RUN"], "parity", "--weights RUN"),

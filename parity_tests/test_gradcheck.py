@@ -358,6 +358,25 @@ def test_the_grads_command_prints_the_study_row_by_row(capsys):
     assert summary[3:] == [f"every judged parameter passed ({len(rows)} of {len(rows)})"]
 
 
+def test_the_grads_command_studies_a_checkpoints_own_weights(tmp_path, capsys):
+    """--checkpoint: the trained weights (float64) on a batch drawn from --seed, every
+    parameter judged; the title names the checkpoint."""
+    from numpy_engine.cli import main
+    from numpy_engine.study import checkpoint_example
+
+    run = str(tmp_path / "copy")
+    assert main(["train", "copy", "--steps", "20", "--out", run, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["grads", "--checkpoint", run, "--seed", "2", "--entries", "2"]) == 0
+    title, *lines = capsys.readouterr().out.splitlines()
+    model, batch = checkpoint_example(run, seed=2)
+    assert title == f"{run}, seed 2: loss {model.loss(*batch):.6f} on one padded batch (float64)"
+    n = len(model.params)
+    assert lines[-1] == f"every judged parameter passed ({n} of {n})"
+    fresh = type(model)(model.config, seed=0)  # the title's loss is the trained weights'
+    assert abs(fresh.loss(*batch) - model.loss(*batch)) > 1e-3
+
+
 def test_the_grads_command_fails_a_wrong_gradient_by_name(capsys, monkeypatch):
     """One parameter's gradient 1% off, as a wrong backward would leave it: its row reads
     FAIL, the others pass, the summary names it and the command exits 1."""

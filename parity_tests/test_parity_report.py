@@ -14,10 +14,10 @@ import pytest
 
 import numpy_engine.blocks
 from crosscheck.cli import main  # in-process, so that monkeypatch reaches the engine
-from crosscheck.report import CHECKPOINT_LENGTH, checkpoint_example
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main as engine_main
 from numpy_engine.layers import layernorm_backward
+from numpy_engine.study import CHECKPOINT_LENGTH, checkpoint_example
 from parity_tests.test_hf_interchange import save_random_gpt2
 
 
