@@ -24,6 +24,7 @@ from numpy_engine.cli_args import (
     run_command,
 )
 from numpy_engine.models import KINDS
+from numpy_engine.study import CHECKPOINT_LENGTH
 
 
 def add_parity_command(commands) -> None:
@@ -46,8 +47,8 @@ def add_parity_command(commands) -> None:
         "--checkpoint",
         metavar="PATH",
         help="instead, the model a checkpoint holds (a checkpoint.npz or a run directory, e.g. "
-        "an imported GPT-2): its weights in both libraries, on a batch of 4 rows of at most 32 "
-        "positions",
+        "an imported GPT-2): its weights in both libraries, on a batch of 4 rows of at most "
+        f"{CHECKPOINT_LENGTH} positions",
     )
     parity.add_argument(
         "--dtype",
