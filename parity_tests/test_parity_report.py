@@ -92,7 +92,7 @@ def test_rows_whose_true_value_is_zero_are_marked_as_judged_by_the_absolute_boun
 
 @pytest.fixture(scope="module")
 def trained_copy(tmp_path_factory):
-    """A copy model after 20 steps: weights no seed draws."""
+    """A copy model trained 20 steps: weights that no seed's initialisation gives."""
     out = tmp_path_factory.mktemp("parity") / "copy"
     assert engine_main(["train", "copy", "--steps", "20", "--out", str(out), "--quiet"]) == 0
     return out
