@@ -24,7 +24,7 @@ from numpy_engine.cli_args import (
     run_command,
 )
 from numpy_engine.models import KINDS
-from numpy_engine.study import CHECKPOINT_LENGTH
+from numpy_engine.study import CHECKPOINT_LENGTH, EXAMPLE_ROWS
 
 
 def add_parity_command(commands) -> None:
@@ -47,8 +47,8 @@ def add_parity_command(commands) -> None:
         "--checkpoint",
         metavar="PATH",
         help="instead, the model a checkpoint holds (a checkpoint.npz or a run directory, e.g. "
-        "an imported GPT-2): its weights in both libraries, on a batch of 4 rows of at most "
-        f"{CHECKPOINT_LENGTH} positions",
+        f"an imported GPT-2): its weights in both libraries, on a batch of {EXAMPLE_ROWS} rows "
+        f"of at most {CHECKPOINT_LENGTH} positions",
     )
     parity.add_argument(
         "--dtype",

@@ -24,7 +24,7 @@ from numpy_engine.cli_args import (
 )
 from numpy_engine.gradcheck import TOLERANCE
 from numpy_engine.models import KINDS
-from numpy_engine.study import CHECKPOINT_LENGTH
+from numpy_engine.study import CHECKPOINT_LENGTH, EXAMPLE_ROWS
 
 _TOLERANCE = f"{TOLERANCE:.0e}".replace("e-0", "e-")  # the grads verdict's: 1e-6, not 1e-06
 
@@ -89,8 +89,8 @@ def add_study_commands(commands) -> None:
         "--checkpoint",
         metavar="PATH",
         help="instead, the model a checkpoint holds (a checkpoint.npz or a run directory), on a "
-        f"batch of 4 rows of at most {CHECKPOINT_LENGTH} positions; slow on a large model: each "
-        "sampled entry costs about 20 of its forward passes",
+        f"batch of {EXAMPLE_ROWS} rows of at most {CHECKPOINT_LENGTH} positions; slow on a large "
+        "model: each sampled entry costs about 20 of its forward passes",
     )
     grads.add_argument(
         "--seed",

@@ -8,6 +8,7 @@ from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.gradcheck import TOLERANCE, check_gradient, rounding_noise, sample_indices
 from numpy_engine.models import model_class
 
+EXAMPLE_ROWS = 4  # the one padded batch's rows, for a default model and a checkpoint's alike
 # a checkpoint's batch has at most this many positions: at a real GPT-2's 1024, its float64
 # logits alone would be 4 x 1024 x 50257 x 8 bytes, 1.6 GB (in each library, for `parity`)
 CHECKPOINT_LENGTH = 32
@@ -17,16 +18,17 @@ def example_batch(kind: str, seed: int) -> tuple:
     """The default model of that kind in float64, and one padded batch, all from seed."""
     model_type = model_class(kind)
     model = model_type(model_type.config_class(dtype="float64"), seed=seed)
-    return model, model_type.example_batch(model.config, np.random.default_rng(seed), 4)
+    return model, model_type.example_batch(model.config, np.random.default_rng(seed), EXAMPLE_ROWS)
 
 
 def checkpoint_example(path: str, seed: int) -> tuple:
-    """A checkpoint's model (its weights, in float64) and one padded batch of 4 rows drawn
-    from seed, as example_batch draws it for the kind's default model."""
+    """A checkpoint's model (its weights, in float64) and one padded batch of EXAMPLE_ROWS
+    rows drawn from seed, as example_batch draws it for the kind's default model."""
     model = load_checkpoint(path, optimizer=False).model.with_dtype("float64")
     config = model.config
     length = min(config.max_len, CHECKPOINT_LENGTH) if hasattr(config, "max_len") else None
-    return model, type(model).example_batch(config, np.random.default_rng(seed), 4, length)
+    batch = type(model).example_batch(config, np.random.default_rng(seed), EXAMPLE_ROWS, length)
+    return model, batch
 
 
 def gradient_study(

@@ -17,7 +17,7 @@ from crosscheck.cli import main  # in-process, so that monkeypatch reaches the e
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main as engine_main
 from numpy_engine.layers import layernorm_backward
-from numpy_engine.study import CHECKPOINT_LENGTH, checkpoint_example
+from numpy_engine.study import CHECKPOINT_LENGTH, EXAMPLE_ROWS, checkpoint_example
 from parity_tests.test_hf_interchange import save_random_gpt2
 
 
@@ -133,7 +133,7 @@ def test_the_help_gives_a_checkpoints_batch_its_length(capsys):
     with pytest.raises(SystemExit):
         main(["parity", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert f"a batch of 4 rows of at most {CHECKPOINT_LENGTH} positions" in help_text
+    assert f"a batch of {EXAMPLE_ROWS} rows of at most {CHECKPOINT_LENGTH} positions" in help_text
 
 
 def test_parity_takes_a_model_or_a_checkpoint_not_both(capsys):
