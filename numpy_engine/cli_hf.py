@@ -4,7 +4,9 @@ cli.py; the work is in hf.py)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -49,12 +51,31 @@ def run_import(args: argparse.Namespace) -> int:
     refuse_an_existing_checkpoint("--out", args.out)
     print(f"wrote {import_hf(args.directory, args.out)}")
     if not (Path(args.directory) / "tokenizer.json").is_file():
-        print(
-            f"note: {args.directory} has no tokenizer.json, so the checkpoint reads no text "
-            "(generate --prompt, train lm --text) until it is imported with one",
-            file=sys.stderr,
-        )
+        print(_no_tokenizer_note(args.directory), file=sys.stderr)
     return 0
+
+
+def _no_tokenizer_note(directory: str) -> str:
+    """What a checkpoint imported without tokenizer.json cannot do, and, for a directory with
+    the older vocab.json and merges.txt instead, the transformers line that writes one."""
+    note = (
+        f"note: {directory} has no tokenizer.json, so the checkpoint reads no text "
+        "(generate --prompt, train lm --text) until it is imported with one"
+    )
+    if all((Path(directory) / name).is_file() for name in ("vocab.json", "merges.txt")):
+        note += (
+            ". It has vocab.json and merges.txt, from which transformers writes tokenizer.json "
+            f"beside them:\n    {tokenizer_json_command(directory)}\nthen run import-hf again"
+        )
+    return note
+
+
+def tokenizer_json_command(directory: str) -> str:
+    """A shell line that makes transformers write tokenizer.json into a GPT-2 directory."""
+    name = json.dumps(str(directory))  # a Python string literal, in double quotes
+    code = f"d = {name}; from transformers import AutoTokenizer as T; "
+    code += "T.from_pretrained(d).save_pretrained(d)"
+    return f"python -c {shlex.quote(code)}"
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from numpy_engine import hf
+from numpy_engine import cli_hf, hf
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import main
 from numpy_engine.tasks import DEFAULT_TEXT, TextSoFar, TokenizerCorpus
@@ -254,6 +255,41 @@ def test_a_model_imported_without_its_tokenizer_says_how_to_read_text(tmp_path, 
     ):
         status, _, err = cli(capsys, *command)
         assert status == 2 and "no tokenizer or vocabulary" in err and "tokenizer.json" in err
+
+
+def test_a_directory_with_vocab_and_merges_is_told_the_line_that_writes_tokenizer_json(
+    tmp_path, capsys, hf_dir
+):
+    """The older files a tokenizer saved without tokenizer.json (vocab.json, merges.txt): the
+    import's note gives the transformers line that writes tokenizer.json from them. Run as
+    given (its Python, in this process), then imported again, the checkpoint's tokenizer
+    gives the ids of the tokenizer the two files were saved from, and generate reads text."""
+    directory = spoiled(tmp_path, hf_dir)
+    original = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    original.model.save(str(directory))  # vocab.json and merges.txt
+    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "no"))
+    assert status == 0 and "It has vocab.json and merges.txt" in err, err
+    line = next(line.strip() for line in err.splitlines() if line.strip().startswith("python"))
+    program, flag, code = shlex.split(line)
+    assert (program, flag) == ("python", "-c")
+    exec(code, {})  # noqa: S102 - the note's own line, as a shell would run it
+    run = tmp_path / "run"
+    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(run))
+    assert status == 0 and "note:" not in err, err
+    corpus = TokenizerCorpus(load_checkpoint(run).meta["tokenizer"])
+    text = "to be, or not to be: that is the question<|endoftext|> Whether 'tis"
+    assert corpus.encode(text).tolist() == original.encode(text).ids
+    assert cli(capsys, "generate", "--checkpoint", str(run), "--prompt", "to be")[0] == 0
+
+
+def test_the_tokenizer_line_quotes_any_directory_name():
+    """A directory named with quotes and spaces reaches Python as it is."""
+    for name in ("/tmp/it's here", 'a "b" c', "plain"):
+        program, flag, code = shlex.split(cli_hf.tokenizer_json_command(name))
+        assert (program, flag) == ("python", "-c") and code.startswith(f"d = {json.dumps(name)};")
+        scope: dict = {}
+        exec(code.split(";")[0], scope)  # noqa: S102 - the assignment alone
+        assert scope["d"] == name
 
 
 def test_fine_tuning_a_model_wider_than_its_tokenizer_reports_both_sizes(tmp_path, capsys, hf_dir):
