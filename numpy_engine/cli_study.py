@@ -106,6 +106,14 @@ def add_study_commands(commands) -> None:
         "about 20 forward passes) (default: 4)",
     )
     grads.add_argument(
+        "--params",
+        default="*",
+        metavar="PATTERN",
+        help="only the parameters whose names match this shell-style pattern, quoted, e.g. "
+        "'blocks.0.*' or '*attn*' (each row as in the whole table): on a large model, the "
+        "layer you changed in minutes instead of the whole model (default: every parameter)",
+    )
+    grads.add_argument(
         "--plot", type=picture_path, metavar="PNG", help="also draw the gradient norms as bars"
     )
     grads.set_defaults(run=run_grads)
@@ -212,9 +220,10 @@ def run_grads(args: argparse.Namespace) -> int:
         from numpy_engine.plots import check_matplotlib
 
         check_matplotlib()  # fail before the work, not after
-    loss, rows = gradient_study(args.model, args.seed, args.entries, args.checkpoint)
+    loss, rows = gradient_study(args.model, args.seed, args.entries, args.checkpoint, args.params)
     what = args.model if args.checkpoint is None else args.checkpoint
-    print(f"{what}, seed {args.seed}: loss {loss:.6f} on one padded batch (float64)")
+    chosen = "" if args.params == "*" else f"; the parameters matching {args.params!r}"
+    print(f"{what}, seed {args.seed}: loss {loss:.6f} on one padded batch (float64){chosen}")
     # columns as wide as their longest entry, so GPT-2's long names and shapes stay aligned
     name_width = max(len("parameter"), *(len(r["name"]) for r in rows))
     shape_width = max(len("shape"), *(len(str(r["shape"])) for r in rows))

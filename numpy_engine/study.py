@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.checks import InputError
 from numpy_engine.gradcheck import TOLERANCE, check_gradient, rounding_noise, sample_indices
 from numpy_engine.models import model_class
 
@@ -32,17 +35,20 @@ def checkpoint_example(path: str, seed: int) -> tuple:
 
 
 def gradient_study(
-    kind: str, seed: int, entries: int = 4, checkpoint: str | None = None
+    kind: str, seed: int, entries: int = 4, checkpoint: str | None = None, only: str = "*"
 ) -> tuple[float, list[dict]]:
     """The loss, and per parameter: gradient norm, and on `entries` sampled entries the
     analytic values' norm, the finite-difference estimate's norm, their relative error, and
     its verdict: "pass" within gradcheck.TOLERANCE, "FAIL" above it, "n/a" where no sampled
     entry could be judged (each sat on a kink, such as ReLU's 0, that no step avoids). Given
-    checkpoint, the model it holds instead of kind's default (checkpoint_example)."""
+    checkpoint, the model it holds instead of kind's default (checkpoint_example). only: a
+    shell-style pattern; the parameters whose names match it, each row as in the whole study
+    (the same sampled entries, judged against the same rounding)."""
     if checkpoint is None:
         model, batch = example_batch(kind, seed)
     else:
         model, batch = checkpoint_example(checkpoint, seed)
+    chosen = matching_names(model.params, only)
     loss, grads = model.loss_and_grads(*batch)
     rng = np.random.default_rng(seed)
     sampled = {key: sample_indices(rng, p.size, entries) for key, p in model.params.items()}
@@ -55,7 +61,8 @@ def gradient_study(
     # measured once: it is the loss's, whichever entry moves
     noise = loss_rounding(probe, model.params, sampled, analytic)
     rows = []
-    for key, param in model.params.items():
+    for key in chosen:
+        param = model.params[key]
         check = check_gradient(probe, param, grads[key], sampled[key], noise=noise)
         rows.append(
             {
@@ -69,6 +76,19 @@ def gradient_study(
             }
         )
     return loss, rows
+
+
+def matching_names(params: dict, pattern: str) -> list[str]:
+    """The names in params that the shell-style pattern matches (fnmatch, case-sensitive), in
+    the model's order; none is refused, naming a few of the model's."""
+    names = [key for key in params if fnmatch.fnmatchcase(key, pattern)]
+    if not names:
+        some = ", ".join(list(params)[:3])
+        raise InputError(
+            f"--params {pattern!r} matches none of the model's {len(params)} parameters "
+            f"(they are named like {some}, ...)"
+        )
+    return names
 
 
 def verdict(error: float) -> str:

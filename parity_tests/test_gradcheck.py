@@ -4,6 +4,7 @@ one, would make every test built on it say nothing."""
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import re
 from pathlib import Path
@@ -399,6 +400,56 @@ def test_the_grads_command_fails_a_wrong_gradient_by_name(capsys, monkeypatch):
     assert verdicts.pop("decoder_norm.weight") == "FAIL"
     assert len(verdicts) == 48 and set(verdicts.values()) == {"pass"}
     assert lines[-1] == "FAIL: 1 of 49 parameters: decoder_norm.weight"
+
+
+def test_the_grads_study_of_some_parameters_is_their_rows_of_the_whole_study():
+    """only: the parameters its pattern matches, in the model's order, each row equal to the
+    whole study's (the same sampled entries, judged against the same rounding)."""
+    _, every = gradient_study("seq2seq", seed=1, entries=2)
+    counts = {"decoder.0.cross_attn.*": 8, "*norm.bias": 2, "embed.weight": 1}
+    for pattern, count in (counts | {"*.[kv]_proj.weight": 6}).items():
+        _, some = gradient_study("seq2seq", seed=1, entries=2, only=pattern)
+        assert some == [row for row in every if fnmatch.fnmatchcase(row["name"], pattern)]
+        assert len(some) == count
+    assert [row["name"] for row in some] == [  # the last pattern: a character class
+        f"{part}attn.{kv}_proj.weight"
+        for part in ("encoder.0.", "decoder.0.self_", "decoder.0.cross_")
+        for kv in "kv"
+    ]
+
+
+def test_the_grads_command_judges_only_the_parameters_asked_for(capsys, monkeypatch):
+    """--params: a wrong gradient among the matching parameters fails the command by name;
+    outside them it is not looked at, and the command passes."""
+    from numpy_engine.cli import main
+    from numpy_engine.models import model_class
+
+    kind = model_class("seq2seq")
+    right = kind.loss_and_grads
+
+    def one_wrong(self, *batch):
+        loss, grads = right(self, *batch)
+        grads["decoder_norm.weight"] = grads["decoder_norm.weight"] * 1.01
+        return loss, grads
+
+    monkeypatch.setattr(kind, "loss_and_grads", one_wrong)
+    capsys.readouterr()
+    assert main(["grads", "--entries", "2", "--params", "*_norm.*"]) == 1
+    title, *lines = capsys.readouterr().out.splitlines()
+    assert title.endswith("(float64); the parameters matching '*_norm.*'")
+    assert lines[-1] == "FAIL: 1 of 4 parameters: decoder_norm.weight"
+    assert main(["grads", "--entries", "2", "--params", "encoder*"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "every judged parameter passed (18 of 18)"
+
+
+def test_a_pattern_that_matches_no_parameter_is_refused_by_name(capsys):
+    from numpy_engine.cli import main
+
+    assert main(["grads", "--params", "blocks.*"]) == 2
+    err = capsys.readouterr().err
+    assert "--params 'blocks.*' matches none of the model's 49 parameters" in err, err
+    assert "named like embed.weight, encoder.0.ln1.weight, encoder.0.ln1.bias, ..." in err
 
 
 def test_the_grads_summary_names_what_it_could_not_judge_and_what_failed():
