@@ -80,6 +80,62 @@ def load_checkpoint(path: str | Path, optimizer: bool = True) -> Checkpoint:
     at a time (Model.read_params): the read's peak is the model and its largest weight.
     optimizer=False leaves the optimizer's state unread (optimizer_state None): all but
     resuming need only the weights, and a fine-tuned GPT-2's moments are 950 MB more."""
+    path = _existing(path)
+    _check_is_a_zip(path)
+    with open(path, "rb") as file:  # our own handle: closed on error
+        archive = _read(path, lambda: np.load(file, allow_pickle=False))
+        with archive:
+            return _from_archive(path, archive, optimizer)
+
+
+@dataclass
+class Contents:
+    """What a checkpoint holds, as read_contents finds it without reading a weight."""
+
+    path: Path
+    model_class: type
+    config: object
+    meta: dict
+    params: dict[str, tuple[tuple, np.dtype]]  # each parameter's (shape, dtype)
+    optimizer_arrays: int  # the optimizer state's arrays; 0: none saved
+
+
+def read_contents(path: str | Path) -> Contents:
+    """A checkpoint's header and the shape and dtype of each array, read from the arrays'
+    own .npy headers: no array is read (a 124M GPT-2's checkpoint is ~500 MB)."""
+    path = _existing(path)
+    _check_is_a_zip(path)
+    with open(path, "rb") as file:
+        archive = _read(path, lambda: np.load(file, allow_pickle=False))
+        with archive:
+            header = _read(path, lambda: {key: archive[key] for key in HEADER if key in archive})
+            model_class, config, meta = _from_header(path, header)
+            shapes = _array_headers(path, archive.zip)
+    params = {key: shapes[f"param/{key}"] for key in _under("param/", list(shapes))}
+    optimizer_arrays = len(_under("optim/", list(shapes)))
+    return Contents(path, model_class, config, meta, params, optimizer_arrays)
+
+
+def _array_headers(path: Path, archive: zipfile.ZipFile) -> dict[str, tuple[tuple, np.dtype]]:
+    """(shape, dtype) of each array in an .npz, read from the start of its .npy member."""
+    headers = {}
+    for name in archive.namelist():
+        try:
+            with archive.open(name) as member:
+                version = np.lib.format.read_magic(member)
+                read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
+                    version, np.lib.format.read_array_header_2_0  # past 64 KiB of header
+                )
+                shape, _, dtype = read(member)
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
+            message = f"checkpoint {path}: {name} is not a readable array ({error})"
+            raise UnreadableCheckpoint(message) from None
+        headers[name.removesuffix(".npy")] = (shape, dtype)
+    return headers
+
+
+def _existing(path: str | Path) -> Path:
+    """The checkpoint file path names (resolve), refused by name if there is none."""
     given, path = Path(path), resolve(path)
     if not path.exists():
         if given.is_file():  # resolve read it as a run directory
@@ -93,11 +149,7 @@ def load_checkpoint(path: str | Path, optimizer: bool = True) -> Checkpoint:
                 f"it into a checkpoint with numpy-engine import-hf {given} --out RUN"
             )
         raise InputError(f"checkpoint {path}: no such file")
-    _check_is_a_zip(path)
-    with open(path, "rb") as file:  # our own handle: closed on error
-        archive = _read(path, lambda: np.load(file, allow_pickle=False))
-        with archive:
-            return _from_archive(path, archive, optimizer)
+    return path
 
 
 def _from_archive(path: Path, archive, optimizer: bool) -> Checkpoint:

@@ -45,6 +45,7 @@ from numpy_engine.cli_args import (
     source_ids,
 )
 from numpy_engine.cli_hf import add_hf_commands
+from numpy_engine.cli_info import add_info_command
 from numpy_engine.cli_study import add_study_commands
 from numpy_engine.configs import NEW_MODEL_RUNS, REFERENCE_RUNS, WEIGHT_DECAY_ON, reference_run
 from numpy_engine.schedule import SCHEDULES
@@ -265,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_train_command(commands)
     add_generate_command(commands)
+    add_info_command(commands)
     add_study_commands(commands)
     add_hf_commands(commands)
     for name, summary in TORCH_COMMANDS.items():  # listed in --help; run by crosscheck

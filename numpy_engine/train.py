@@ -359,6 +359,9 @@ def save_run(run: TrainRun, out_dir: str | Path) -> Path:
     return out
 
 
+RUN_STATE_KEYS = frozenset({"task", "train_config", "step", "sampler_state", "history"})  # meta's
+
+
 def resume(
     out_dir: str | Path,
     progress_stream: TextIO | None = sys.stderr,
@@ -381,7 +384,7 @@ def resume(
     best/ cannot go stale while later evaluations beat it."""
     checkpoint = load_checkpoint(out_dir) if checkpoint is None else checkpoint
     meta = checkpoint.meta
-    missing = {"task", "train_config", "step", "sampler_state", "history"} - meta.keys()
+    missing = RUN_STATE_KEYS - meta.keys()
     if missing:
         hint = ""
         if checkpoint.model.continues_prompt:  # an imported GPT-2, say: weights, no run

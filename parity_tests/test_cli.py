@@ -42,7 +42,18 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 HELP_WORDS = {
-    (): ["train", "generate", "parity", "export", "import", "bench", "attention", "grads", "eval"],
+    (): [
+        "train",
+        "generate",
+        "info",
+        "parity",
+        "export",
+        "import",
+        "bench",
+        "attention",
+        "grads",
+        "eval",
+    ],
     ("train",): [
         "--steps",
         "--seed",

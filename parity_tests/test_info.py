@@ -1,0 +1,149 @@
+"""`numpy-engine info`: a checkpoint's model, text, run and optimizer state, line by line,
+read from its header and its arrays' .npy headers without reading an array."""
+
+from __future__ import annotations
+
+import zipfile
+
+import numpy as np
+import pytest
+
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
+from numpy_engine.cli import main
+from numpy_engine.models import GPT2, GPT2Config, GPTConfig, MiniGPT
+
+
+def info(capsys, path) -> dict[str, str]:
+    capsys.readouterr()
+    assert main(["info", "--checkpoint", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return {line[:10].strip(): line[11:] for line in lines}
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("info") / "copy"
+    assert main(["train", "copy", "--steps", "20", "--out", str(run), "--quiet"]) == 0
+    return run
+
+
+def test_a_training_runs_checkpoint(capsys, copy_run):
+    checkpoint = load_checkpoint(copy_run)
+    count = sum(p.size for p in checkpoint.model.params.values())
+    lines = info(capsys, copy_run)
+    assert list(lines) == ["file", "model", "config", "text", "run", "optimizer"]
+    megabytes = (copy_run / "checkpoint.npz").stat().st_size / 1e6
+    assert lines["file"] == f"{copy_run / 'checkpoint.npz'} ({megabytes:.1f} MB)"
+    assert (
+        lines["model"]
+        == f"seq2seq (Seq2SeqTransformer), float32, {count:,} parameters in 49 arrays"
+    )
+    assert lines["config"].startswith("vocab_size=12 d_model=32 n_heads=4 d_ff=64 ")
+    assert "dtype" not in lines["config"]
+    assert lines["text"] == "sequences of symbol ids (generate --source)"
+    history = checkpoint.meta["history"]
+    evaluation = history["eval"][-1]
+    assert lines["run"] == (
+        "copy from scratch, step 20 of 20; seed 7, lr 0.001, batch 32; last training loss "
+        f"{history['train_loss'][-1]:.4f}; at step 20: heldout_loss "
+        f"{evaluation['heldout_loss']:.4g}, exact_match {evaluation['exact_match']:.4g}"
+    )
+    states = len(checkpoint.optimizer_state)
+    assert (
+        lines["optimizer"]
+        == f"state saved ({states} arrays): train --resume {copy_run} continues the run"
+    )
+
+
+def test_a_language_model_with_its_schedule_and_start(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be " * 40)
+    run = tmp_path / "lm"
+    args = ["train", "lm", "--text", str(text), "--steps", "3", "--schedule", "cosine"]
+    assert main([*args, "--warmup", "1", "--out", str(run), "--quiet"]) == 0
+    lines = info(capsys, run)
+    assert lines["model"].startswith("gpt2 (GPT2), float32, ")
+    assert lines["text"] == "7 characters: ' benort'"
+    assert lines["run"].startswith(
+        "lm from scratch, step 3 of 3; seed 7, lr 0.003 (cosine, warmup 1), "
+    )
+    tuned = tmp_path / "tuned"
+    assert (
+        main(
+            [
+                "train",
+                "lm",
+                "--init",
+                str(run),
+                "--text",
+                str(text),
+                "--steps",
+                "1",
+                "--out",
+                str(tuned),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    assert info(capsys, tuned)["run"].startswith(f"lm from {run}, step 1 of 1; ")
+
+
+def test_weights_without_a_run_and_a_long_vocabulary(tmp_path, capsys):
+    """An imported GPT-2 keeps its tokenizer and source, and no optimizer state; a character
+    vocabulary past 80 characters is shown cut, with its count."""
+    model = GPT2(GPT2Config(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=8))
+    meta = {"task": "import-hf", "source": "hf/gpt2", "tokenizer": "{}"}
+    save_checkpoint(tmp_path / "imported", model, None, meta)
+    lines = info(capsys, tmp_path / "imported")
+    assert lines["text"] == "the Hugging Face tokenizer (tokenizer.json) it was imported with"
+    assert lines["run"] == "none: imported from hf/gpt2"
+    assert (
+        lines["optimizer"]
+        == "none saved: the weights alone (train lm --init starts a run from them)"
+    )
+    chars = "".join(map(chr, range(0x100, 0x100 + 90)))
+    small = MiniGPT(GPTConfig(vocab_size=90, d_model=8, n_heads=2, d_ff=16, n_layers=1))
+    save_checkpoint(
+        tmp_path / "chars.npz", small, {"exp_avg.x": np.zeros(3)}, {"vocabulary": chars}
+    )
+    lines = info(capsys, tmp_path / "chars.npz")
+    assert lines["text"] == f"90 characters: {chars[:80] + '...'!r}"
+    assert lines["run"] == "none recorded (task None)"
+    assert lines["optimizer"] == "state saved (1 arrays)"  # no run to resume, no checkpoint.npz
+
+
+def test_info_reads_no_array_but_the_header(capsys, copy_run, monkeypatch):
+    read = []
+    original = np.lib.npyio.NpzFile.__getitem__
+
+    def recording(self, key):
+        read.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", recording)
+    info(capsys, copy_run)
+    assert sorted(read) == ["config", "format_version", "kind", "meta"]
+
+
+def _garbled_member(path):
+    """A copy of the checkpoint whose first parameter's .npy bytes are not an array."""
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(path.parent / "garbled.npz", "w") as out:
+        for name in source.namelist():
+            data = source.read(name)
+            out.writestr(name, b"not an array" if name == "param/embed.weight.npy" else data)
+    return path.parent / "garbled.npz"
+
+
+def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, copy_run):
+    garbled = _garbled_member(copy_run / "checkpoint.npz")
+    (tmp_path / "notes.txt").write_text("hello")
+    for path, words in [
+        (tmp_path / "missing", "missing/checkpoint.npz: no such file"),
+        (garbled, "garbled.npz: param/embed.weight.npy is not a readable array"),
+        (tmp_path / "notes.txt", "a file, not a run directory"),
+    ]:
+        capsys.readouterr()
+        assert main(["info", "--checkpoint", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, err
