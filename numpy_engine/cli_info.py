@@ -78,12 +78,7 @@ def _text(meta: dict) -> str:
 
 def _run(meta: dict) -> str:
     if "train_config" not in meta:
-        source = meta.get("source")
-        return (
-            f"none: imported from {source}"
-            if source
-            else f"none recorded (task {meta.get('task')})"
-        )
+        return _no_run(meta)
     cfg, history = meta["train_config"], meta.get("history", {})
     start = f"from {cfg['init']}" if cfg.get("init") else "from scratch"
     parts = [
@@ -97,6 +92,16 @@ def _run(meta: dict) -> str:
         measured = ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k != "step")
         parts.append(f"at step {last['step']}: {measured}")
     return "; ".join(parts)
+
+
+def _no_run(meta: dict) -> str:
+    """What a checkpoint that records no run's settings came from, as far as its meta says."""
+    if "source" in meta:  # import-hf's
+        return f"none: imported from {meta['source']}"
+    if "heldout_loss" in meta:  # train --keep-best's
+        loss = meta["heldout_loss"]
+        return f"none: a run's best weights, kept at step {meta['step']} (held-out loss {loss:.4f})"
+    return "none recorded" + (f" (task {meta['task']})" if "task" in meta else "")
 
 
 def _schedule(cfg: dict) -> str:

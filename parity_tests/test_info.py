@@ -60,7 +60,8 @@ def test_a_language_model_with_its_schedule_and_start(tmp_path, capsys):
     text.write_text("to be or not to be " * 40)
     run = tmp_path / "lm"
     args = ["train", "lm", "--text", str(text), "--steps", "3", "--schedule", "cosine"]
-    assert main([*args, "--warmup", "1", "--out", str(run), "--quiet"]) == 0
+    kept = ["--holdout", "0.2", "--eval-every", "1", "--keep-best"]
+    assert main([*args, "--warmup", "1", *kept, "--out", str(run), "--quiet"]) == 0
     lines = info(capsys, run)
     assert lines["model"].startswith("gpt2 (GPT2), float32, ")
     assert lines["text"] == "7 characters: ' benort'"
@@ -87,6 +88,11 @@ def test_a_language_model_with_its_schedule_and_start(tmp_path, capsys):
         == 0
     )
     assert info(capsys, tuned)["run"].startswith(f"lm from {run}, step 1 of 1; ")
+    best = load_checkpoint(run / "best").meta
+    assert info(capsys, run / "best")["run"] == (
+        f"none: a run's best weights, kept at step {best['step']} "
+        f"(held-out loss {best['heldout_loss']:.4f})"
+    )
 
 
 def test_weights_without_a_run_and_a_long_vocabulary(tmp_path, capsys):
@@ -109,8 +115,18 @@ def test_weights_without_a_run_and_a_long_vocabulary(tmp_path, capsys):
     )
     lines = info(capsys, tmp_path / "chars.npz")
     assert lines["text"] == f"90 characters: {chars[:80] + '...'!r}"
-    assert lines["run"] == "none recorded (task None)"
+    assert lines["run"] == "none recorded"
     assert lines["optimizer"] == "state saved (1 arrays)"  # no run to resume, no checkpoint.npz
+
+
+def test_a_copy_model_imported_from_a_state_dict(tmp_path, capsys, copy_run):
+    """`import` of a .pt keeps the task alone: no run, no optimizer, no --init for a seq2seq."""
+    model = load_checkpoint(copy_run).model
+    save_checkpoint(tmp_path / "from-torch", model, None, {"task": "copy"})
+    lines = info(capsys, tmp_path / "from-torch")
+    assert lines["text"] == "sequences of symbol ids (generate --source)"
+    assert lines["run"] == "none recorded (task copy)"
+    assert lines["optimizer"] == "none saved: the weights alone"
 
 
 def test_info_reads_no_array_but_the_header(capsys, copy_run, monkeypatch):
