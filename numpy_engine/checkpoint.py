@@ -111,6 +111,11 @@ def read_contents(path: str | Path) -> Contents:
             header = _read(path, lambda: {key: archive[key] for key in HEADER if key in archive})
             model_class, config, meta = _from_header(path, header)
             shapes = _array_headers(path, archive.zip)
+    pickled = [name for name, (_, dtype) in shapes.items() if dtype.hasobject]
+    if pickled:  # never read here, but never to be read: load_checkpoint refuses them
+        raise UnreadableCheckpoint(
+            f"checkpoint {path}: refused, it holds pickled objects ({pickled[0]})"
+        )
     params = {key: shapes[f"param/{key}"] for key in _under("param/", list(shapes))}
     optimizer_arrays = len(_under("optim/", list(shapes)))
     return Contents(path, model_class, config, meta, params, optimizer_arrays)
@@ -124,7 +129,8 @@ def _array_headers(path: Path, archive: zipfile.ZipFile) -> dict[str, tuple[tupl
             with archive.open(name) as member:
                 version = np.lib.format.read_magic(member)
                 read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
-                    version, np.lib.format.read_array_header_2_0  # past 64 KiB of header
+                    version,
+                    np.lib.format.read_array_header_2_0,  # past 64 KiB of header
                 )
                 shape, _, dtype = read(member)
         except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
@@ -185,10 +191,12 @@ def _read(path: Path, read):
     """read(), its errors as UnreadableCheckpoint naming the checkpoint."""
     try:
         return read()
-    except ValueError as error:  # numpy refuses object arrays without allow_pickle
-        raise UnreadableCheckpoint(
-            f"checkpoint {path}: refused, it holds pickled objects ({error})"
-        ) from None
+    except ValueError as error:
+        if "allow_pickle" in str(error):  # numpy refuses object arrays without allow_pickle
+            what = "refused, it holds pickled objects"
+        else:  # an entry that is no .npy array (its magic string, its header)
+            what = "not a readable .npz file"
+        raise UnreadableCheckpoint(f"checkpoint {path}: {what} ({error})") from None
     except (OSError, zipfile.BadZipFile, EOFError) as error:
         raise UnreadableCheckpoint(
             f"checkpoint {path}: not a readable .npz file ({error})"

@@ -106,6 +106,22 @@ def test_refuses_pickled_objects(saved, entry):
         load_checkpoint(path.parent)  # the run directory: the message names the file
 
 
+def test_an_entry_cut_short_is_not_called_a_pickle(saved):
+    """A weight's .npy member cut short: np.load's ValueError, which is not about pickles,
+    reads as an unreadable file, with numpy's words."""
+    import zipfile
+
+    path = saved[0]
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data[:-5] if name == "param/head.bias.npy" else data)
+    said = f"^checkpoint {re.escape(str(path))}: not a readable .npz file \\(EOF: reading array"
+    with pytest.raises(ValueError, match=said):
+        load_checkpoint(path)
+
+
 def test_refuses_an_entry_that_is_no_part_of_a_checkpoint(saved):
     """Not read, and not passed over either: a file with more in it than a checkpoint holds
     is not one this engine wrote."""

@@ -116,6 +116,8 @@ def test_weights_without_a_run_and_a_long_vocabulary(tmp_path, capsys):
     lines = info(capsys, tmp_path / "chars.npz")
     assert lines["text"] == f"90 characters: {chars[:80] + '...'!r}"
     assert lines["run"] == "none recorded"
+    save_checkpoint(tmp_path / "80.npz", small, None, {"vocabulary": chars[:80]})
+    assert info(capsys, tmp_path / "80.npz")["text"] == f"80 characters: {chars[:80]!r}"
     assert lines["optimizer"] == "state saved (1 arrays)"  # no run to resume, no checkpoint.npz
 
 
@@ -151,13 +153,29 @@ def _garbled_member(path):
     return path.parent / "garbled.npz"
 
 
+def _rewritten(path, name, **changes):
+    """A copy of the checkpoint at path, as name, with the arrays in changes put in."""
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files} | changes
+    np.savez(path.parent / name, **arrays)
+    return path.parent / name
+
+
 def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, copy_run):
-    garbled = _garbled_member(copy_run / "checkpoint.npz")
+    """What load_checkpoint refuses, info refuses too, by the same words, naming the file."""
+    checkpoint = copy_run / "checkpoint.npz"
+    garbled = _garbled_member(checkpoint)
+    pickled = _rewritten(checkpoint, "pickled.npz", **{"param/embed.weight": np.array([{}])})
+    version = _rewritten(checkpoint, "version.npz", format_version=np.array(2))
     (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "notes.npz").write_text("hello")
     for path, words in [
         (tmp_path / "missing", "missing/checkpoint.npz: no such file"),
         (garbled, "garbled.npz: param/embed.weight.npy is not a readable array"),
+        (pickled, "pickled.npz: refused, it holds pickled objects (param/embed.weight)"),
+        (version, "version.npz: format version 2, expected 1"),
         (tmp_path / "notes.txt", "a file, not a run directory"),
+        (tmp_path / "notes.npz", "notes.npz: not an .npz file (it starts with b'hello')"),
     ]:
         capsys.readouterr()
         assert main(["info", "--checkpoint", str(path)]) == 2
