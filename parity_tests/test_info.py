@@ -167,6 +167,9 @@ def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, copy_
     garbled = _garbled_member(checkpoint)
     pickled = _rewritten(checkpoint, "pickled.npz", **{"param/embed.weight": np.array([{}])})
     version = _rewritten(checkpoint, "version.npz", format_version=np.array(2))
+    pickled_kind = _rewritten(checkpoint, "kind.npz", kind=np.array([{}]))
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(checkpoint.read_bytes()[:1000])
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "notes.npz").write_text("hello")
     for path, words in [
@@ -174,6 +177,8 @@ def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, copy_
         (garbled, "garbled.npz: param/embed.weight.npy is not a readable array"),
         (pickled, "pickled.npz: refused, it holds pickled objects (param/embed.weight)"),
         (version, "version.npz: format version 2, expected 1"),
+        (pickled_kind, "kind.npz: refused, it holds pickled objects (Object arrays"),
+        (truncated, "truncated.npz: not a readable .npz file"),
         (tmp_path / "notes.txt", "a file, not a run directory"),
         (tmp_path / "notes.npz", "notes.npz: not an .npz file (it starts with b'hello')"),
     ]:
