@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 
 from numpy_engine.cli_args import add_checkpoint_argument
@@ -66,7 +67,9 @@ def _config(config) -> str:
 
 def _text(meta: dict) -> str:
     if "tokenizer" in meta:
-        return "the Hugging Face tokenizer (tokenizer.json) it was imported with"
+        ids = _tokenizer_ids(meta["tokenizer"])
+        count = "" if ids is None else f", {ids:,} ids"
+        return f"the Hugging Face tokenizer (tokenizer.json{count}) it was imported with"
     if "vocabulary" in meta:
         chars = meta["vocabulary"]
         shown = chars if len(chars) <= SHOWN_CHARACTERS else chars[:SHOWN_CHARACTERS] + "..."
@@ -74,6 +77,18 @@ def _text(meta: dict) -> str:
     if meta.get("task") in ("copy", "reverse"):
         return "sequences of symbol ids (generate --source)"
     return "none: it keeps no tokenizer or vocabulary"
+
+
+def _tokenizer_ids(tokenizer_json: str) -> int | None:
+    """How many ids a tokenizer.json gives out (its model's vocabulary and its added tokens),
+    read from the JSON without the tokenizers library; None for a layout not known here."""
+    try:
+        tokenizer = json.loads(tokenizer_json)
+        vocab = tokenizer["model"]["vocab"]  # BPE and WordPiece: token -> id; Unigram: a list
+        ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+        return len(ids | {token["id"] for token in tokenizer.get("added_tokens", [])})
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def _run(meta: dict) -> str:

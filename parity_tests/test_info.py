@@ -3,6 +3,7 @@ read from its header and its arrays' .npy headers without reading an array."""
 
 from __future__ import annotations
 
+import json
 import zipfile
 
 import numpy as np
@@ -119,6 +120,33 @@ def test_weights_without_a_run_and_a_long_vocabulary(tmp_path, capsys):
     save_checkpoint(tmp_path / "80.npz", small, None, {"vocabulary": chars[:80]})
     assert info(capsys, tmp_path / "80.npz")["text"] == f"80 characters: {chars[:80]!r}"
     assert lines["optimizer"] == "state saved (1 arrays)"  # no run to resume, no checkpoint.npz
+
+
+def test_an_imported_tokenizers_ids_counted_as_the_tokenizers_library_counts_them(tmp_path, capsys):
+    """The ids of tokenizer.json's vocabulary and its added tokens, one more for a token added
+    past the vocabulary; the tokenizers library's get_vocab_size() is the witness."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"])
+    tokenizer.train_from_iterator(["to be or not to be, that is the question"], trainer)
+    model = GPT2(GPT2Config(vocab_size=512, d_model=8, n_heads=2, d_ff=16, n_layers=1))
+    for added in ([], ["<pad>"]):
+        tokenizer.add_special_tokens(added)
+        meta = {"task": "import-hf", "source": "hf", "tokenizer": tokenizer.to_str()}
+        path = save_checkpoint(tmp_path / f"t{len(added)}.npz", model, None, meta)
+        ids = tokenizer.get_vocab_size()
+        words = f"the Hugging Face tokenizer (tokenizer.json, {ids:,} ids) it was imported with"
+        assert info(capsys, path)["text"] == words
+    assert ids == len(json.loads(meta["tokenizer"])["model"]["vocab"]) + 1  # <pad>'s id
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0))
+    meta["tokenizer"] = unigram.to_str()  # its vocabulary a list of (piece, score)
+    path = save_checkpoint(tmp_path / "unigram.npz", model, None, meta)
+    assert info(capsys, path)["text"] == (
+        f"the Hugging Face tokenizer (tokenizer.json, {unigram.get_vocab_size()} ids) it was "
+        "imported with"
+    )
 
 
 def test_a_copy_model_imported_from_a_state_dict(tmp_path, capsys, copy_run):
