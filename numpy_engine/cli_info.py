@@ -6,8 +6,12 @@ import argparse
 import dataclasses
 import json
 import math
+from typing import TYPE_CHECKING
 
 from numpy_engine.cli_args import add_checkpoint_argument
+
+if TYPE_CHECKING:
+    from numpy_engine.checkpoint import Contents
 
 SHOWN_CHARACTERS = 80  # a character vocabulary longer than this is shown cut, with its count
 
@@ -35,7 +39,7 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def info_lines(contents) -> list[tuple[str, str]]:
+def info_lines(contents: Contents) -> list[tuple[str, str]]:
     """(label, text) pairs, one per line of `info`."""
     megabytes = contents.path.stat().st_size / 1e6
     return [
@@ -48,7 +52,7 @@ def info_lines(contents) -> list[tuple[str, str]]:
     ]
 
 
-def _model(contents) -> str:
+def _model(contents: Contents) -> str:
     count = sum(math.prod(shape) for shape, _ in contents.params.values())
     dtypes = sorted({str(dtype) for _, dtype in contents.params.values()})
     kind, name, arrays = (
@@ -59,7 +63,7 @@ def _model(contents) -> str:
     return f"{kind} ({name}), {'/'.join(dtypes)}, {count:,} parameters in {arrays} arrays"
 
 
-def _config(config) -> str:
+def _config(config: object) -> str:
     fields = dataclasses.asdict(config)
     fields.pop("dtype", None)  # on the model line, as the arrays hold it
     return " ".join(f"{key}={value}" for key, value in fields.items())
@@ -125,7 +129,7 @@ def _schedule(cfg: dict) -> str:
     return "" if schedule == "constant" else f" ({schedule}, warmup {cfg.get('warmup', 0)})"
 
 
-def _optimizer(contents) -> str:
+def _optimizer(contents: Contents) -> str:
     from numpy_engine.checkpoint import FILENAME
     from numpy_engine.train import RUN_STATE_KEYS
 
