@@ -378,10 +378,10 @@ def test_the_grads_command_studies_a_checkpoints_own_weights(tmp_path, capsys):
     assert abs(fresh.loss(*batch) - model.loss(*batch)) > 1e-3
 
 
-def test_the_grads_command_fails_a_wrong_gradient_by_name(capsys, monkeypatch):
-    """One parameter's gradient 1% off, as a wrong backward would leave it: its row reads
-    FAIL, the others pass, the summary names it and the command exits 1."""
-    from numpy_engine.cli import main
+@pytest.fixture
+def one_wrong_gradient(monkeypatch):
+    """The copy model's decoder_norm.weight gradient 1% off, as a wrong backward would leave
+    it; every other gradient right."""
     from numpy_engine.models import model_class
 
     kind = model_class("seq2seq")
@@ -393,6 +393,13 @@ def test_the_grads_command_fails_a_wrong_gradient_by_name(capsys, monkeypatch):
         return loss, grads
 
     monkeypatch.setattr(kind, "loss_and_grads", one_wrong)
+
+
+def test_the_grads_command_fails_a_wrong_gradient_by_name(capsys, one_wrong_gradient):
+    """One parameter's gradient 1% off: its row reads FAIL, the others pass, the summary
+    names it and the command exits 1."""
+    from numpy_engine.cli import main
+
     assert main(["grads", "--model", "seq2seq", "--entries", "2"]) == 1
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines if line.endswith(("pass", "FAIL"))]
@@ -418,21 +425,11 @@ def test_the_grads_study_of_some_parameters_is_their_rows_of_the_whole_study():
     ]
 
 
-def test_the_grads_command_judges_only_the_parameters_asked_for(capsys, monkeypatch):
+def test_the_grads_command_judges_only_the_parameters_asked_for(capsys, one_wrong_gradient):
     """--params: a wrong gradient among the matching parameters fails the command by name;
     outside them it is not looked at, and the command passes."""
     from numpy_engine.cli import main
-    from numpy_engine.models import model_class
 
-    kind = model_class("seq2seq")
-    right = kind.loss_and_grads
-
-    def one_wrong(self, *batch):
-        loss, grads = right(self, *batch)
-        grads["decoder_norm.weight"] = grads["decoder_norm.weight"] * 1.01
-        return loss, grads
-
-    monkeypatch.setattr(kind, "loss_and_grads", one_wrong)
     capsys.readouterr()
     assert main(["grads", "--entries", "2", "--params", "*_norm.*"]) == 1
     title, *lines = capsys.readouterr().out.splitlines()
