@@ -13,11 +13,13 @@ replace the old file in one step, so a crash leaves the old checkpoint or the ne
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,12 +82,20 @@ def load_checkpoint(path: str | Path, optimizer: bool = True) -> Checkpoint:
     at a time (Model.read_params): the read's peak is the model and its largest weight.
     optimizer=False leaves the optimizer's state unread (optimizer_state None): all but
     resuming need only the weights, and a fine-tuned GPT-2's moments are 950 MB more."""
+    with _opened(path) as (path, archive):
+        return _from_archive(path, archive, optimizer)
+
+
+@contextlib.contextmanager
+def _opened(path: str | Path) -> Iterator[tuple[Path, np.lib.npyio.NpzFile]]:
+    """(the checkpoint file path names, that file open as an .npz archive), each refused by
+    name: a missing file, or one that is no zip (_check_is_a_zip). Closed on leaving."""
     path = _existing(path)
     _check_is_a_zip(path)
     with open(path, "rb") as file:  # our own handle: closed on error
         archive = _read(path, lambda: np.load(file, allow_pickle=False))
         with archive:
-            return _from_archive(path, archive, optimizer)
+            yield path, archive
 
 
 @dataclass
@@ -103,14 +113,10 @@ class Contents:
 def read_contents(path: str | Path) -> Contents:
     """A checkpoint's header and the shape and dtype of each array, read from the arrays'
     own .npy headers: no array is read (a 124M GPT-2's checkpoint is ~500 MB)."""
-    path = _existing(path)
-    _check_is_a_zip(path)
-    with open(path, "rb") as file:
-        archive = _read(path, lambda: np.load(file, allow_pickle=False))
-        with archive:
-            header = _read(path, lambda: {key: archive[key] for key in HEADER if key in archive})
-            model_class, config, meta = _from_header(path, header)
-            shapes = _array_headers(path, archive.zip)
+    with _opened(path) as (path, archive):
+        header = _read(path, lambda: {key: archive[key] for key in HEADER if key in archive})
+        model_class, config, meta = _from_header(path, header)
+        shapes = _array_headers(path, archive.zip)
     pickled = [name for name, (_, dtype) in shapes.items() if dtype.hasobject]
     if pickled:  # never read here, but never to be read: load_checkpoint refuses them
         raise UnreadableCheckpoint(

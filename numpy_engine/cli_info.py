@@ -55,12 +55,8 @@ def info_lines(contents: Contents) -> list[tuple[str, str]]:
 def _model(contents: Contents) -> str:
     count = sum(math.prod(shape) for shape, _ in contents.params.values())
     dtypes = sorted({str(dtype) for _, dtype in contents.params.values()})
-    kind, name, arrays = (
-        contents.model_class.kind,
-        contents.model_class.__name__,
-        len(contents.params),
-    )
-    return f"{kind} ({name}), {'/'.join(dtypes)}, {count:,} parameters in {arrays} arrays"
+    kind = f"{contents.model_class.kind} ({contents.model_class.__name__})"
+    return f"{kind}, {'/'.join(dtypes)}, {count:,} parameters in {len(contents.params)} arrays"
 
 
 def _config(config: object) -> str:
@@ -134,10 +130,9 @@ def _optimizer(contents: Contents) -> str:
     from numpy_engine.train import RUN_STATE_KEYS
 
     if not contents.optimizer_arrays:
-        start = " (train lm --init starts a run from them)"
-        return "none saved: the weights alone" + (
-            start if contents.model_class.continues_prompt else ""
-        )
+        if contents.model_class.continues_prompt:  # a language model: fine-tuned by --init
+            return "none saved: the weights alone (train lm --init starts a run from them)"
+        return "none saved: the weights alone"
     saved = f"state saved ({contents.optimizer_arrays} arrays)"
     if contents.path.name == FILENAME and RUN_STATE_KEYS <= contents.meta.keys():
         return f"{saved}: train --resume {contents.path.parent} continues the run"
