@@ -18,6 +18,7 @@ import os
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import Phase, settings  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
@@ -47,6 +48,18 @@ settings.register_profile(
 settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
 )
+
+
+@pytest.fixture(scope="session")
+def trained_copy(tmp_path_factory):
+    """A run directory of the copy model trained 20 steps (`train copy --steps 20 --out`):
+    weights no seed's initialisation gives, and a run's meta and optimizer state. Shared by
+    every test that asks for it, so a test reads it and writes nothing into it."""
+    from numpy_engine.cli import main
+
+    run = tmp_path_factory.mktemp("trained") / "copy"
+    assert main(["train", "copy", "--steps", "20", "--out", str(run), "--quiet"]) == 0
+    return run
 
 
 # Under pytest-xdist each worker records its own errors; the workers hand them to the

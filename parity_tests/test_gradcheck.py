@@ -359,14 +359,13 @@ def test_the_grads_command_prints_the_study_row_by_row(capsys):
     assert summary[3:] == [f"every judged parameter passed ({len(rows)} of {len(rows)})"]
 
 
-def test_the_grads_command_studies_a_checkpoints_own_weights(tmp_path, capsys):
+def test_the_grads_command_studies_a_checkpoints_own_weights(trained_copy, capsys):
     """--checkpoint: the trained weights (float64) on a batch drawn from --seed, every
     parameter judged; the title names the checkpoint."""
     from numpy_engine.cli import main
     from numpy_engine.study import checkpoint_example
 
-    run = str(tmp_path / "copy")
-    assert main(["train", "copy", "--steps", "20", "--out", run, "--quiet"]) == 0
+    run = str(trained_copy)
     capsys.readouterr()
     assert main(["grads", "--checkpoint", run, "--seed", "2", "--entries", "2"]) == 0
     title, *lines = capsys.readouterr().out.splitlines()

@@ -7,7 +7,6 @@ import json
 import zipfile
 
 import numpy as np
-import pytest
 
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import main
@@ -21,20 +20,13 @@ def info(capsys, path) -> dict[str, str]:
     return {line[:10].strip(): line[11:] for line in lines}
 
 
-@pytest.fixture(scope="module")
-def copy_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("info") / "copy"
-    assert main(["train", "copy", "--steps", "20", "--out", str(run), "--quiet"]) == 0
-    return run
-
-
-def test_a_training_runs_checkpoint(capsys, copy_run):
-    checkpoint = load_checkpoint(copy_run)
+def test_a_training_runs_checkpoint(capsys, trained_copy):
+    checkpoint = load_checkpoint(trained_copy)
     count = sum(p.size for p in checkpoint.model.params.values())
-    lines = info(capsys, copy_run)
+    lines = info(capsys, trained_copy)
     assert list(lines) == ["file", "model", "config", "text", "run", "optimizer"]
-    megabytes = (copy_run / "checkpoint.npz").stat().st_size / 1e6
-    assert lines["file"] == f"{copy_run / 'checkpoint.npz'} ({megabytes:.1f} MB)"
+    megabytes = (trained_copy / "checkpoint.npz").stat().st_size / 1e6
+    assert lines["file"] == f"{trained_copy / 'checkpoint.npz'} ({megabytes:.1f} MB)"
     assert (
         lines["model"]
         == f"seq2seq (Seq2SeqTransformer), float32, {count:,} parameters in 49 arrays"
@@ -52,7 +44,7 @@ def test_a_training_runs_checkpoint(capsys, copy_run):
     states = len(checkpoint.optimizer_state)
     assert (
         lines["optimizer"]
-        == f"state saved ({states} arrays): train --resume {copy_run} continues the run"
+        == f"state saved ({states} arrays): train --resume {trained_copy} continues the run"
     )
 
 
@@ -149,9 +141,9 @@ def test_an_imported_tokenizers_ids_counted_as_the_tokenizers_library_counts_the
     )
 
 
-def test_a_copy_model_imported_from_a_state_dict(tmp_path, capsys, copy_run):
+def test_a_copy_model_imported_from_a_state_dict(tmp_path, capsys, trained_copy):
     """`import` of a .pt keeps the task alone: no run, no optimizer, no --init for a seq2seq."""
-    model = load_checkpoint(copy_run).model
+    model = load_checkpoint(trained_copy).model
     save_checkpoint(tmp_path / "from-torch", model, None, {"task": "copy"})
     lines = info(capsys, tmp_path / "from-torch")
     assert lines["text"] == "sequences of symbol ids (generate --source)"
@@ -159,7 +151,7 @@ def test_a_copy_model_imported_from_a_state_dict(tmp_path, capsys, copy_run):
     assert lines["optimizer"] == "none saved: the weights alone"
 
 
-def test_info_reads_no_array_but_the_header(capsys, copy_run, monkeypatch):
+def test_info_reads_no_array_but_the_header(capsys, trained_copy, monkeypatch):
     read = []
     original = np.lib.npyio.NpzFile.__getitem__
 
@@ -168,34 +160,37 @@ def test_info_reads_no_array_but_the_header(capsys, copy_run, monkeypatch):
         return original(self, key)
 
     monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", recording)
-    info(capsys, copy_run)
+    info(capsys, trained_copy)
     assert sorted(read) == ["config", "format_version", "kind", "meta"]
 
 
-def _garbled_member(path):
-    """A copy of the checkpoint whose first parameter's .npy bytes are not an array."""
-    with zipfile.ZipFile(path) as source, zipfile.ZipFile(path.parent / "garbled.npz", "w") as out:
+def _garbled_member(path, out):
+    """A copy of the checkpoint at path, as out, whose first parameter's .npy bytes are not
+    an array."""
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(out, "w") as copy:
         for name in source.namelist():
             data = source.read(name)
-            out.writestr(name, b"not an array" if name == "param/embed.weight.npy" else data)
-    return path.parent / "garbled.npz"
+            copy.writestr(name, b"not an array" if name == "param/embed.weight.npy" else data)
+    return out
 
 
-def _rewritten(path, name, **changes):
-    """A copy of the checkpoint at path, as name, with the arrays in changes put in."""
+def _rewritten(path, out, **changes):
+    """A copy of the checkpoint at path, as out, with the arrays in changes put in."""
     with np.load(path, allow_pickle=False) as archive:
         arrays = {key: archive[key] for key in archive.files} | changes
-    np.savez(path.parent / name, **arrays)
-    return path.parent / name
+    np.savez(out, **arrays)
+    return out
 
 
-def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, copy_run):
+def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, trained_copy):
     """What load_checkpoint refuses, info refuses too, by the same words, naming the file."""
-    checkpoint = copy_run / "checkpoint.npz"
-    garbled = _garbled_member(checkpoint)
-    pickled = _rewritten(checkpoint, "pickled.npz", **{"param/embed.weight": np.array([{}])})
-    version = _rewritten(checkpoint, "version.npz", format_version=np.array(2))
-    pickled_kind = _rewritten(checkpoint, "kind.npz", kind=np.array([{}]))
+    checkpoint = trained_copy / "checkpoint.npz"
+    garbled = _garbled_member(checkpoint, tmp_path / "garbled.npz")
+    pickled = _rewritten(
+        checkpoint, tmp_path / "pickled.npz", **{"param/embed.weight": np.array([{}])}
+    )
+    version = _rewritten(checkpoint, tmp_path / "version.npz", format_version=np.array(2))
+    pickled_kind = _rewritten(checkpoint, tmp_path / "kind.npz", kind=np.array([{}]))
     truncated = tmp_path / "truncated.npz"
     truncated.write_bytes(checkpoint.read_bytes()[:1000])
     (tmp_path / "notes.txt").write_text("hello")

@@ -90,14 +90,6 @@ def test_rows_whose_true_value_is_zero_are_marked_as_judged_by_the_absolute_boun
     assert lines[-1].startswith("* true value ~0") and "absolute bound" in lines[-1]
 
 
-@pytest.fixture(scope="module")
-def trained_copy(tmp_path_factory):
-    """A copy model trained 20 steps: weights that no seed's initialisation gives."""
-    out = tmp_path_factory.mktemp("parity") / "copy"
-    assert engine_main(["train", "copy", "--steps", "20", "--out", str(out), "--quiet"]) == 0
-    return out
-
-
 def test_parity_of_a_checkpoint_runs_its_own_weights(trained_copy, capsys):
     assert main(["parity", "--checkpoint", str(trained_copy)]) == 0
     out = capsys.readouterr().out
