@@ -16,17 +16,22 @@ counted: attribute reads (`.shape`, `.T`), `.reshape` and other methods that mak
 array construction from Python (np.empty, np.arange with no array argument), and
 `np.asarray` / `np.ascontiguousarray`, which do not dispatch on their argument (their result
 is a plain array, so a product of it with another plain array would go unseen too: the
-engine copies with `np.copy`). The step is not timed: the subclass is slow.
+engine copies with `np.copy`). The step is not timed: the subclass is slow. Its products
+are, each by itself (Counted.product_seconds): a product's arrays are where the step left
+them, in cache or not, and the subclass's own work falls outside each product's time.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 
 import numpy as np
 
 from numpy_engine.params import unflatten
 from numpy_engine.threads import set_threads, threads
+
+PRODUCT_CALLS = ("matmul.__call__", "dot")  # the calls Counted.products records
 
 
 class Counted(np.ndarray):
@@ -34,20 +39,25 @@ class Counted(np.ndarray):
 
     calls: collections.Counter = collections.Counter()
     products: list = []  # (left shape, right shape, dtype) of each outermost matmul or np.dot
+    product_seconds: list = []  # the time each of those took where the step made it
     tape: list | None = None  # while recorded_step runs: each outermost call, as `run` below
     _depth = 0  # > 0 inside a counted call: the calls it makes itself are not counted
 
     @classmethod
     def _count(cls, name: str, run):
         """Count the call `name` and make it: run() makes it on plain arrays."""
+        timed = cls._depth == 0 and name in PRODUCT_CALLS
         if cls._depth == 0:
             cls.calls[name] += 1
             if cls.tape is not None:
                 cls.tape.append(run)
         cls._depth += 1
+        start = time.perf_counter()
         try:
             return run()
         finally:
+            if timed:
+                cls.product_seconds.append(time.perf_counter() - start)
             cls._depth -= 1
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
@@ -109,15 +119,17 @@ def _counted(result):
 
 def calls_per_step(model, optimizer, batch, step) -> tuple[collections.Counter, list]:
     """The NumPy calls of step(model, optimizer, batch), by name, and its matrix products
-    (Counted.products), on a Counted copy of the model's parameter vector and of the batch
-    (the model's own vector is put back after). The engine's elementwise blocks run on one
-    thread meanwhile: Counted's tallies are the class's, and helper threads making calls at
-    the same time would miscount them (the same calls, on one thread)."""
+    (Counted.products; Counted.product_seconds holds their times), on a Counted copy of the
+    model's parameter vector and of the batch (the model's own vector is put back after).
+    The engine's elementwise blocks run on one thread meanwhile: Counted's tallies are the
+    class's, and helper threads making calls at the same time would miscount them (the same
+    calls, on one thread)."""
     flat, params, engine_threads = model.flat, model.params, threads()
     model.flat = flat.copy().view(Counted)
     model.params = unflatten(model.flat, params)
     Counted.calls.clear()
     Counted.products.clear()
+    Counted.product_seconds.clear()
     if Counted.tape is not None:  # recorded_step's: from here on, as the counts
         Counted.tape.clear()
     set_threads(1)

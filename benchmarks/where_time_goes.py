@@ -18,7 +18,11 @@ BLAS and torch on N threads; NumPy's elementwise passes stay on one core):
   in-place pass over each product's output, one pass over each of the optimizer's four
   vectors (parameters, gradients, two moments), and the step's NumPy calls at the cost of
   the cheapest NumPy call. Neither engine can be faster than the products and the passes;
-  the engine, making its calls, not faster than the sum.
+  the engine, making its calls, not faster than the sum. The same products are then timed
+  where the step makes them, one by one in a step on call_count's counted arrays, the 2-D
+  ones (linear layers, head, embedding) apart from the batched ones (attention's): there
+  their operands are wherever the step left them, in cache or not, where alone they are
+  in cache after the first of five runs. The difference is the step's, not an overhead.
 
     python -m benchmarks.where_time_goes copy char-lm large gpt2
     python -m benchmarks.where_time_goes large --threads 2
@@ -38,7 +42,7 @@ import time
 import numpy as np
 
 from benchmarks import gpt2, workloads
-from benchmarks.call_count import calls_per_step
+from benchmarks.call_count import Counted, calls_per_step
 from benchmarks.matmul_floor import best_seconds
 from numpy_engine.cli_args import positive_int
 
@@ -242,21 +246,27 @@ def _torch_part(key: str) -> str:
     return "between ops (Python)"  # the region's own time: no op running
 
 
+IN_STEP_RUNS = 3  # counted steps whose products are timed; the floor reports their median
+KINDS = ("2-D", "batched")  # products of matrices; of stacks of them (attention's)
+
+
 def floor(name: str) -> dict:
     """The measured floor of one engine step, ms, and what it is made of."""
     model, optimizer, batches, step = _engine_side(name, 2)
     step(model, optimizer, batches[0])
     calls, products = calls_per_step(model, optimizer, batches[1], step)
     rng = np.random.default_rng(0)
-    matmul_s = pass_s = 0.0
+    alone = dict.fromkeys(KINDS, 0.0)
+    pass_s = 0.0
     for left, right, dtype in products:  # matrix products, and sums done as products
         a, b = rng.standard_normal(left).astype(dtype), rng.standard_normal(right).astype(dtype)
-        if not _is_matrix_product(left, right):  # a sum as a product with ones: one pass
+        kind = _product_kind(left, right)
+        if kind is None:  # a sum as a product with ones: one pass
             matrix = a if a.size >= b.size else b
             pass_s += best_seconds(lambda m=matrix: np.multiply(m, 1.0, out=m))
             continue
         out = a @ b
-        matmul_s += best_seconds(lambda a=a, b=b, out=out: np.matmul(a, b, out=out))
+        alone[kind] += best_seconds(lambda a=a, b=b, out=out: np.matmul(a, b, out=out))
         pass_s += best_seconds(lambda out=out: np.multiply(out, 1.0, out=out))
     vector = np.ones(model.flat.size, model.flat.dtype)
     optimizer_s = 4 * best_seconds(lambda: np.multiply(vector, 1.0, out=vector))
@@ -264,8 +274,10 @@ def floor(name: str) -> dict:
     call_s = best_seconds(lambda: np.multiply(one, 1.0, out=one), repeats=1000)
     n_calls = sum(calls.values())
     return {
-        "products": sum(_is_matrix_product(left, right) for left, right, _ in products),
-        "matmul": 1e3 * matmul_s,
+        "products": sum(_product_kind(left, right) is not None for left, right, _ in products),
+        "matmul": 1e3 * sum(alone.values()),
+        "matmul_by_kind": {kind: 1e3 * seconds for kind, seconds in alone.items()},
+        "in_step_by_kind": _products_in_step(model, optimizer, batches[1], step),
         "passes": 1e3 * pass_s,
         "optimizer": 1e3 * optimizer_s,
         "calls": n_calls,
@@ -274,9 +286,30 @@ def floor(name: str) -> dict:
     }
 
 
-def _is_matrix_product(left: tuple, right: tuple) -> bool:
-    """Both operands matrices (or stacks of them); not a sum done as a product with ones."""
-    return len(left) > 1 and len(right) > 1
+def _products_in_step(model, optimizer, batch, step) -> dict[str, float]:
+    """ms of the step's products of each kind where the step makes them: each product timed
+    by itself in a counted step (call_count.Counted.product_seconds), the median of
+    IN_STEP_RUNS steps, after one whose fresh memory is first touched untimed."""
+    calls_per_step(model, optimizer, batch, step)
+    runs = {kind: [] for kind in KINDS}
+    for _ in range(IN_STEP_RUNS):
+        _, products = calls_per_step(model, optimizer, batch, step)
+        totals = dict.fromkeys(KINDS, 0.0)
+        for (left, right, _), seconds in zip(products, Counted.product_seconds, strict=True):
+            kind = _product_kind(left, right)
+            if kind is not None:
+                totals[kind] += seconds
+        for kind, seconds in totals.items():
+            runs[kind].append(seconds)
+    return {kind: 1e3 * statistics.median(seconds) for kind, seconds in runs.items()}
+
+
+def _product_kind(left: tuple, right: tuple) -> str | None:
+    """ "2-D" for matrices, "batched" for stacks of them, None for a sum done as a product
+    with a vector of ones."""
+    if len(left) < 2 or len(right) < 2:
+        return None
+    return "2-D" if len(left) == len(right) == 2 else "batched"
 
 
 def _by_size(parts: dict) -> list[tuple[str, float]]:
@@ -301,6 +334,12 @@ def report(name: str, steps: int) -> str:
         f"{low['optimizer']:.2f} = {low['matmul'] + low['passes'] + low['optimizer']:.2f} ms; "
         f"{low['calls']} NumPy calls at {low['call_us']:.2f} us (the cheapest call) "
         f"{low['calls_ms']:.2f} ms more",
+        "  the same products where the step makes them (each timed in a counted step, the "
+        f"median of {IN_STEP_RUNS} steps): "
+        + ", ".join(
+            f"{kind} {in_step:.2f} ms against {low['matmul_by_kind'][kind]:.2f} alone"
+            for kind, in_step in low["in_step_by_kind"].items()
+        ),
     ]
     return "\n".join(lines)
 

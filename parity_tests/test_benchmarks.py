@@ -811,6 +811,8 @@ def test_call_count_counts_each_call_from_the_callers_side_once():
 
     a = np.arange(6.0).reshape(2, 3).view(Counted)
     Counted.calls.clear()
+    Counted.products.clear()
+    Counted.product_seconds.clear()
     b = a * 2.0  # multiply
     b += a  # add
     c = np.exp(b) @ a.T  # exp, matmul
@@ -819,6 +821,8 @@ def test_call_count_counts_each_call_from_the_callers_side_once():
     d[0, 1] = a[1, 2]  # index, index write
     _ = a.reshape(3, 2), a.T, a.shape  # views and attributes: not calls
     assert type(d) is Counted and type(c) is Counted
+    assert Counted.products == [((2, 3), (3, 2), np.float64)]  # the product, and its time
+    assert len(Counted.product_seconds) == 1 and 0 < Counted.product_seconds[0] < 1
     assert dict(Counted.calls) == {
         "multiply.__call__": 1,
         "add.__call__": 1,
@@ -851,6 +855,15 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
     low = W.floor("copy")
     assert low["products"] == 56
     assert low["calls"] > 100 and 0 < low["matmul"] < 10 and 0 < low["passes"] < 10
+    # copy's 38 two-dimensional products and 18 of attention's, alone and where the step
+    # makes them
+    assert set(low["matmul_by_kind"]) == set(low["in_step_by_kind"]) == {"2-D", "batched"}
+    assert abs(sum(low["matmul_by_kind"].values()) - low["matmul"]) < 1e-12
+    for kind in ("2-D", "batched"):
+        assert 0 < low["matmul_by_kind"][kind] < 10 and 0 < low["in_step_by_kind"][kind] < 10
+    assert W._product_kind((3, 4), (4, 5)) == "2-D"
+    assert W._product_kind((2, 3, 4), (2, 4, 5)) == "batched"
+    assert W._product_kind((3, 4), (4,)) is None and W._product_kind((4,), (4, 5)) is None
     assert W._torch_part("aten::addmm") == "matmul"
     assert W._torch_part("aten::native_layer_norm_backward") == "layernorm"
     assert W._torch_part("aten::copy_") == "other ops"
