@@ -863,7 +863,45 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
         assert 0 < low["matmul_by_kind"][kind] < 10 and 0 < low["in_step_by_kind"][kind] < 10
     assert W._product_kind((3, 4), (4, 5)) == "2-D"
     assert W._product_kind((2, 3, 4), (2, 4, 5)) == "batched"
+    assert W._product_kind((3, 4), (2, 4, 5)) == W._product_kind((2, 3, 4), (4, 5)) == "batched"
     assert W._product_kind((3, 4), (4,)) is None and W._product_kind((4,), (4, 5)) is None
+
+
+def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
+    """With every timing 1 ms, the floor's sums count what it timed: the step's two 2-D
+    products and one batched product, alone and where the step makes them (each counted
+    step's products timed by call_count's clock); one pass over each product's output and
+    over the matrix of each sum done as a product with ones; the optimizer's four vectors;
+    the step's six calls at the cheapest call's price."""
+    import itertools
+
+    import numpy as np
+
+    from benchmarks import call_count
+    from benchmarks import where_time_goes as W
+
+    class Model:
+        flat = np.zeros(6)
+        params = {"w": flat.reshape(2, 3)}
+
+    def step(model, optimizer, batch):
+        a, b, c, d, ones = batch
+        _ = a @ b, np.matmul(a, b), c @ d  # 2-D twice, batched once
+        _ = a @ ones, ones @ b  # sums as products with ones: no matrix products
+        np.exp(a)  # a call, not a product
+
+    arrays = (np.ones((3, 4)), np.ones((4, 5)), np.ones((2, 3, 4)), np.ones((2, 4, 5)), np.ones(4))
+    monkeypatch.setattr(W, "_engine_side", lambda name, n: (Model(), None, [arrays] * n, step))
+    monkeypatch.setattr(W, "best_seconds", lambda fn, repeats=5: (fn(), 1e-3)[1])
+    clock = itertools.count(1.0, 1e-3)  # each timed product starts and ends 1 ms apart
+    monkeypatch.setattr(call_count, "perf_counter", lambda: next(clock))
+    low = W.floor("fake")
+    assert low["products"] == 3 and low["calls"] == 6
+    assert low["matmul_by_kind"] == pytest.approx({"2-D": 2.0, "batched": 1.0}, abs=1e-9)
+    assert low["in_step_by_kind"] == pytest.approx({"2-D": 2.0, "batched": 1.0}, abs=1e-9)
+    assert low["matmul"] == pytest.approx(3.0) and low["passes"] == pytest.approx(5.0)
+    assert low["optimizer"] == pytest.approx(4.0) and low["call_us"] == pytest.approx(1e3)
+    assert low["calls_ms"] == pytest.approx(6.0)
     assert W._torch_part("aten::addmm") == "matmul"
     assert W._torch_part("aten::native_layer_norm_backward") == "layernorm"
     assert W._torch_part("aten::copy_") == "other ops"
