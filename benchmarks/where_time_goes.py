@@ -289,8 +289,8 @@ def floor(name: str) -> dict:
 def _products_in_step(model, optimizer, batch, step) -> dict[str, float]:
     """ms of the step's products of each kind where the step makes them: each product timed
     by itself in a counted step (call_count.Counted.product_seconds), the median of
-    IN_STEP_RUNS steps, after one whose fresh memory is first touched untimed."""
-    calls_per_step(model, optimizer, batch, step)
+    IN_STEP_RUNS steps. The caller has made a counted step before (floor, for the shapes):
+    the memory a counted step takes is then touched before the first timed one."""
     runs = {kind: [] for kind in KINDS}
     for _ in range(IN_STEP_RUNS):
         _, products = calls_per_step(model, optimizer, batch, step)
@@ -305,8 +305,8 @@ def _products_in_step(model, optimizer, batch, step) -> dict[str, float]:
 
 
 def _product_kind(left: tuple, right: tuple) -> str | None:
-    """ "2-D" for matrices, "batched" for stacks of them, None for a sum done as a product
-    with a vector of ones."""
+    """A product's kind from its operands' shapes: "2-D" for matrices, "batched" for stacks
+    of them, None for a sum done as a product with a vector of ones."""
     if len(left) < 2 or len(right) < 2:
         return None
     return "2-D" if len(left) == len(right) == 2 else "batched"

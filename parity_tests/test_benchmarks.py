@@ -865,6 +865,10 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
     assert W._product_kind((2, 3, 4), (2, 4, 5)) == "batched"
     assert W._product_kind((3, 4), (2, 4, 5)) == W._product_kind((2, 3, 4), (4, 5)) == "batched"
     assert W._product_kind((3, 4), (4,)) is None and W._product_kind((4,), (4, 5)) is None
+    assert W._torch_part("aten::addmm") == "matmul"
+    assert W._torch_part("aten::native_layer_norm_backward") == "layernorm"
+    assert W._torch_part("aten::copy_") == "other ops"
+    assert W._torch_part("autograd::engine::evaluate_function: MmBackward0") == "autograd"
 
 
 def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
@@ -902,10 +906,6 @@ def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
     assert low["matmul"] == pytest.approx(3.0) and low["passes"] == pytest.approx(5.0)
     assert low["optimizer"] == pytest.approx(4.0) and low["call_us"] == pytest.approx(1e3)
     assert low["calls_ms"] == pytest.approx(6.0)
-    assert W._torch_part("aten::addmm") == "matmul"
-    assert W._torch_part("aten::native_layer_norm_backward") == "layernorm"
-    assert W._torch_part("aten::copy_") == "other ops"
-    assert W._torch_part("autograd::engine::evaluate_function: MmBackward0") == "autograd"
 
 
 def test_where_time_goes_names_the_processor_before_its_reports(monkeypatch, capsys):
