@@ -43,6 +43,9 @@ from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPTConfig
 
+# read by OpenBLAS as NumPy loads it: the kernel, and the cache size it blocks products for
+OPENBLAS_SETTINGS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
 
 def build(cfg: Workload, n_batches: int):
     """The engine's workload plus the matching torch optimizer class."""
@@ -60,15 +63,19 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
     return 2 * n**3 / best_seconds(lambda: np.matmul(a, a), repeats) / 1e9
 
 
-def blas_libraries() -> dict[str, str]:
+def blas_libraries(environ=os.environ) -> dict[str, str]:
     """The BLAS each library multiplies with, which the ratios depend on more than on most
-    changes of code (docs/performance.md, section 2): NumPy's with the kernel it chose for
-    this processor, torch's as its build reports it."""
+    changes of code (docs/performance.md, section 2): NumPy's with the kernel OpenBLAS chose
+    for this processor, or was told to take (OPENBLAS_CORETYPE: some machines set it in
+    their environment, and a Zen 5's products then ran at half speed: section 2), torch's
+    as its build reports it."""
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
     numpy_blas = f"{blas['name']} {blas['version']}"
     kernels = {info.get("architecture") for info in threadpool_info()} - {None}  # OpenBLAS's
     if kernels:
-        numpy_blas += f" ({', '.join(sorted(kernels))})"
+        told = [f"{name}={environ[name]}" for name in OPENBLAS_SETTINGS if name in environ]
+        told = f", as {' and '.join(told)} set" if told else ""
+        numpy_blas += f" ({', '.join(sorted(kernels))}{told})"
     built = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     return {"numpy": numpy_blas, "torch": built.group(1) if built else "unknown"}
 

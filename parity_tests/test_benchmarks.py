@@ -81,6 +81,23 @@ def test_processor_name_reads_the_model_name_and_counts_the_cores(tmp_path, monk
     assert processor_name(str(cpuinfo)) == "arm64"
 
 
+def test_blas_libraries_say_when_the_environment_chose_openblas_kernel(monkeypatch):
+    """OPENBLAS_CORETYPE overrides OpenBLAS's own choice of kernel (a Zen 5's environment set
+    Haswell's, at half its products' speed): the first line says so, beside the kernel."""
+    monkeypatch.setattr(bench, "threadpool_info", lambda: [{"architecture": "Haswell"}])
+    told = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512", "OTHER": "1"}
+    numpy_blas = bench.blas_libraries(told)["numpy"]
+    assert numpy_blas.endswith(
+        " (Haswell, as OPENBLAS_CORETYPE=Haswell and OPENBLAS_L2_SIZE=512 set)"
+    )
+    assert bench.blas_libraries({"OPENBLAS_L2_SIZE": "512"})["numpy"].endswith(
+        " (Haswell, as OPENBLAS_L2_SIZE=512 set)"
+    )
+    assert bench.blas_libraries({})["numpy"].endswith(" (Haswell)")  # OpenBLAS's own choice
+    monkeypatch.setattr(bench, "threadpool_info", lambda: [])  # no OpenBLAS: no kernel named
+    assert "(" not in bench.blas_libraries(told)["numpy"]
+
+
 def table_after(heading: str, capsys) -> list[str]:
     out = capsys.readouterr().out
     assert "ratio" in out and heading in out and "BLAS: NumPy " in out.splitlines()[0]
