@@ -23,7 +23,6 @@ import sys
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_info
 
 from benchmarks import gpt2, workloads
 from benchmarks.call_count import calls_per_step
@@ -34,6 +33,7 @@ from benchmarks.workloads import (
     alternate,
     engine_step,
     middle_half,
+    numpy_blas,
     paired_ratio,
     peak_rss_mb,
     processor_name,
@@ -42,9 +42,6 @@ from benchmarks.workloads import (
 from crosscheck.convert import tensor, torch_model_for
 from numpy_engine.memory import keep_freed_memory
 from numpy_engine.models import GPTConfig
-
-# read by OpenBLAS as NumPy loads it: the kernel, and the cache size it blocks products for
-OPENBLAS_SETTINGS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 def build(cfg: Workload, n_batches: int):
@@ -63,21 +60,12 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
     return 2 * n**3 / best_seconds(lambda: np.matmul(a, a), repeats) / 1e9
 
 
-def blas_libraries(environ=os.environ) -> dict[str, str]:
+def blas_libraries() -> dict[str, str]:
     """The BLAS each library multiplies with, which the ratios depend on more than on most
-    changes of code (docs/performance.md, section 2): NumPy's with the kernel OpenBLAS chose
-    for this processor, or was told to take (OPENBLAS_CORETYPE: some machines set it in
-    their environment, and a Zen 5's products then ran at half speed: section 2), torch's
-    as its build reports it."""
-    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-    numpy_blas = f"{blas['name']} {blas['version']}"
-    kernels = {info.get("architecture") for info in threadpool_info()} - {None}  # OpenBLAS's
-    if kernels:
-        told = [f"{name}={environ[name]}" for name in OPENBLAS_SETTINGS if name in environ]
-        told = f", as {' and '.join(told)} set" if told else ""
-        numpy_blas += f" ({', '.join(sorted(kernels))}{told})"
+    changes of code (docs/performance.md, section 2): NumPy's as workloads.numpy_blas names
+    it, torch's as its build reports it."""
     built = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    return {"numpy": numpy_blas, "torch": built.group(1) if built else "unknown"}
+    return {"numpy": numpy_blas(), "torch": built.group(1) if built else "unknown"}
 
 
 def torch_step(module, optimizer, batch) -> float:

@@ -379,9 +379,12 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()
     torch.set_num_threads(args.threads)
     with workloads.on_threads(args.threads):
-        # the parts' sizes depend on the processor as much as on the code (docs/performance.md)
+        # the parts' sizes depend on the processor and the BLAS kernel as much as on the code
         threads = "one thread" if args.threads == 1 else f"{args.threads} threads"
-        print(f"{threads}; {workloads.processor_name()}", flush=True)
+        print(
+            f"{threads}; NumPy's BLAS {workloads.numpy_blas()}; {workloads.processor_name()}",
+            flush=True,
+        )
         for name in args.configs or default:
             print(report(name, steps=STEPS.get(name, 50)), flush=True)
 

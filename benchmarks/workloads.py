@@ -195,6 +195,26 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+# read by OpenBLAS as NumPy loads it: the kernel, and the cache size it blocks products for
+OPENBLAS_SETTINGS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def numpy_blas(environ=os.environ) -> str:
+    """NumPy's BLAS, with the kernel OpenBLAS chose for this processor or was told to take:
+    OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) choose for it, and some machines set them in
+    their environment (a Zen 5's products ran at half speed so: docs/performance.md)."""
+    from threadpoolctl import threadpool_info
+
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    name = f"{blas['name']} {blas['version']}"
+    kernels = {info.get("architecture") for info in threadpool_info()} - {None}  # OpenBLAS's
+    if not kernels:
+        return name
+    told = [f"{setting}={environ[setting]}" for setting in OPENBLAS_SETTINGS if setting in environ]
+    told_text = f", as {' and '.join(told)} set" if told else ""
+    return f"{name} ({', '.join(sorted(kernels))}{told_text})"
+
+
 def processor_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     """This machine's processor and core count, e.g. "AMD EPYC, 2 cores": the ratios depend on
     the processor as much as on the BLAS (docs/performance.md, section 2). The model name is

@@ -81,21 +81,23 @@ def test_processor_name_reads_the_model_name_and_counts_the_cores(tmp_path, monk
     assert processor_name(str(cpuinfo)) == "arm64"
 
 
-def test_blas_libraries_say_when_the_environment_chose_openblas_kernel(monkeypatch):
+def test_numpy_blas_says_when_the_environment_chose_openblas_kernel(monkeypatch):
     """OPENBLAS_CORETYPE overrides OpenBLAS's own choice of kernel (a Zen 5's environment set
-    Haswell's, at half its products' speed): the first line says so, beside the kernel."""
-    monkeypatch.setattr(bench, "threadpool_info", lambda: [{"architecture": "Haswell"}])
+    Haswell's, at half its products' speed): the bench's and where_time_goes's first lines
+    say so, beside the kernel."""
+    import threadpoolctl
+
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [{"architecture": "Haswell"}])
     told = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512", "OTHER": "1"}
-    numpy_blas = bench.blas_libraries(told)["numpy"]
-    assert numpy_blas.endswith(
-        " (Haswell, as OPENBLAS_CORETYPE=Haswell and OPENBLAS_L2_SIZE=512 set)"
-    )
-    assert bench.blas_libraries({"OPENBLAS_L2_SIZE": "512"})["numpy"].endswith(
+    named = workloads.numpy_blas(told)
+    assert named.endswith(" (Haswell, as OPENBLAS_CORETYPE=Haswell and OPENBLAS_L2_SIZE=512 set)")
+    assert workloads.numpy_blas({"OPENBLAS_L2_SIZE": "512"}).endswith(
         " (Haswell, as OPENBLAS_L2_SIZE=512 set)"
     )
-    assert bench.blas_libraries({})["numpy"].endswith(" (Haswell)")  # OpenBLAS's own choice
-    monkeypatch.setattr(bench, "threadpool_info", lambda: [])  # no OpenBLAS: no kernel named
-    assert "(" not in bench.blas_libraries(told)["numpy"]
+    assert workloads.numpy_blas({}).endswith(" (Haswell)")  # OpenBLAS's own choice
+    assert bench.blas_libraries()["numpy"] == workloads.numpy_blas()  # the bench's line
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [])  # no OpenBLAS: no kernel
+    assert "(" not in workloads.numpy_blas(told)
 
 
 def table_after(heading: str, capsys) -> list[str]:
@@ -951,9 +953,10 @@ def test_where_time_goes_sets_the_threads_it_is_given(monkeypatch, capsys):
     asked = recorded_thread_settings(monkeypatch)
     monkeypatch.setattr(W, "report", lambda name, steps: f"report of {name}")
     monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
+    monkeypatch.setattr(workloads, "numpy_blas", lambda: "openblas (Haswell)")
     W.main(["char-lm", "--threads", "2"])
     assert capsys.readouterr().out.splitlines() == [
-        "2 threads; Some CPU, 2 cores",
+        "2 threads; NumPy's BLAS openblas (Haswell); Some CPU, 2 cores",
         "report of char-lm",
     ]
     assert asked == {"torch": [2], "blas": [2], "memory kept": [True]}
