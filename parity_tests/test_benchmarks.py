@@ -927,7 +927,7 @@ def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
     assert low["calls_ms"] == pytest.approx(6.0)
 
 
-def test_where_time_goes_names_the_processor_before_its_reports(monkeypatch, capsys):
+def test_where_time_goes_names_the_blas_and_processor_before_its_reports(monkeypatch, capsys):
     import torch
 
     from benchmarks import where_time_goes as W
@@ -936,9 +936,10 @@ def test_where_time_goes_names_the_processor_before_its_reports(monkeypatch, cap
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the worker's stays as it is
     monkeypatch.setattr(W, "report", lambda name, steps: f"report of {name}, {steps} steps")
     monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
+    monkeypatch.setattr(workloads, "numpy_blas", lambda: "openblas (SkylakeX)")
     W.main(["copy", "large"])
     assert capsys.readouterr().out.splitlines() == [
-        "one thread; Some CPU, 2 cores",
+        "one thread; NumPy's BLAS openblas (SkylakeX); Some CPU, 2 cores",
         "report of copy, 50 steps",
         "report of large, 4 steps",
     ]
