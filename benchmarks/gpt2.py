@@ -24,6 +24,7 @@ import numpy as np
 from benchmarks.workloads import (
     alternate,
     middle_half,
+    numpy_blas,
     on_threads,
     paired_ratio,
     peak_rss_mb,
@@ -204,6 +205,7 @@ def run(steps: int, threads: int, memory: bool) -> dict:
     with on_threads(threads):
         result = time_steps(steps, threads) | time_generation()
     result["processor"] = processor_name()
+    result["blas"] = numpy_blas()  # the ratio depends on OpenBLAS's kernel (docs/performance.md)
     if memory:
         result["engine_peak_mb"] = peak_memory_mb("engine", threads)
         result["torch_peak_mb"] = peak_memory_mb("torch", threads)
@@ -218,8 +220,9 @@ def table(r: dict) -> str:
         )
     same = "the same tokens" if r["same_tokens"] else "DIFFERENT tokens"
     path = f" (by {r['decoding_path']}, timed the faster)" if r.get("decoding_path") else ""
+    blas = f"NumPy's BLAS {r['blas']}; " if "blas" in r else ""
     return (
-        f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}; {r['processor']}): engine "
+        f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}; {blas}{r['processor']}): engine "
         f"{r['engine_ms']:.0f} ms, transformers {r['torch_ms']:.0f} ms a training step, "
         f"ratio {r['ratio']:.3f} (the middle half of its {r['pairs']} pairs "
         f"{spread(r['ratio_middle_half'])}){memory}\n"

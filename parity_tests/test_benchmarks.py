@@ -474,6 +474,8 @@ def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
     measured = result | dict(engine_peak_mb=2207.4, torch_peak_mb=3004.0)
     with_memory = gpt2.table(measured).splitlines()[0]
     assert with_memory == first_line + "; peak memory engine 2207 MB, torch 3004 MB"
+    named = gpt2.table(result | {"blas": "openblas (SkylakeX)"}).splitlines()[0]  # as run() has
+    assert named == first_line.replace("64; AMD", "64; NumPy's BLAS openblas (SkylakeX); AMD")
     assert (
         gpt2.table(result)
         .splitlines()[1]
@@ -618,11 +620,13 @@ def test_gpt2_benchmark_run_measures_on_the_threads_asked_for(monkeypatch):
     monkeypatch.setattr(gpt2, "time_generation", time_generation)
     monkeypatch.setattr(gpt2, "peak_memory_mb", peak_memory_mb)
     monkeypatch.setattr(gpt2, "processor_name", lambda: "Some CPU, 2 cores")
+    monkeypatch.setattr(gpt2, "numpy_blas", lambda: "openblas (Haswell)")
     timed = ["keep_freed_memory", ("torch", 2), ("threads", 2), ("steps", 20, 2), "generation"]
     timed.append(("threads done", 2))
     result = gpt2.run(20, 2, memory=False)
     assert asked == timed
-    assert result == {"ratio": 0.8, "same_tokens": True, "processor": "Some CPU, 2 cores"}
+    machine = {"processor": "Some CPU, 2 cores", "blas": "openblas (Haswell)"}
+    assert result == {"ratio": 0.8, "same_tokens": True, **machine}
     asked.clear()
     result = gpt2.run(20, 2, memory=True)
     assert asked == [*timed, ("engine", 2), ("torch", 2)]
