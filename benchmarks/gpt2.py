@@ -220,9 +220,9 @@ def table(r: dict) -> str:
         )
     same = "the same tokens" if r["same_tokens"] else "DIFFERENT tokens"
     path = f" (by {r['decoding_path']}, timed the faster)" if r.get("decoding_path") else ""
-    blas = f"NumPy's BLAS {r['blas']}; " if "blas" in r else ""
     return (
-        f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}; {blas}{r['processor']}): engine "
+        f"gpt2 (124M, float32, batch {BATCH} x {CONTEXT}; NumPy's BLAS {r['blas']}; "
+        f"{r['processor']}): engine "
         f"{r['engine_ms']:.0f} ms, transformers {r['torch_ms']:.0f} ms a training step, "
         f"ratio {r['ratio']:.3f} (the middle half of its {r['pairs']} pairs "
         f"{spread(r['ratio_middle_half'])}){memory}\n"

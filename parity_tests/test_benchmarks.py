@@ -464,9 +464,11 @@ def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
 
     result = dict(engine_ms=1764.2, torch_ms=1866.0, ratio=0.8049, ratio_middle_half=(0.9, 0.98))
     result |= dict(pairs=20, engine_tokens_per_s=25.8, torch_tokens_per_s=23.8, same_tokens=True)
-    result["processor"] = "AMD EPYC, 2 cores"
+    result |= dict(processor="AMD EPYC, 2 cores", blas="openblas (SkylakeX)")  # as run() has
     first_line = gpt2.table(result).splitlines()[0]
-    assert first_line.startswith("gpt2 (124M, float32, batch 4 x 64; AMD EPYC, 2 cores): ")
+    assert first_line.startswith(
+        "gpt2 (124M, float32, batch 4 x 64; NumPy's BLAS openblas (SkylakeX); AMD EPYC, 2 cores): "
+    )
     assert first_line.endswith(
         "engine 1764 ms, transformers 1866 ms a training step, ratio 0.805 "
         "(the middle half of its 20 pairs 0.90-0.98)"
@@ -474,8 +476,6 @@ def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
     measured = result | dict(engine_peak_mb=2207.4, torch_peak_mb=3004.0)
     with_memory = gpt2.table(measured).splitlines()[0]
     assert with_memory == first_line + "; peak memory engine 2207 MB, torch 3004 MB"
-    named = gpt2.table(result | {"blas": "openblas (SkylakeX)"}).splitlines()[0]  # as run() has
-    assert named == first_line.replace("64; AMD", "64; NumPy's BLAS openblas (SkylakeX); AMD")
     assert (
         gpt2.table(result)
         .splitlines()[1]
@@ -765,7 +765,9 @@ def test_bench_times_gpt2_for_half_the_steps(argv, pairs, monkeypatch, capsys):
     monkeypatch.setattr(
         gpt2,
         "run",
-        lambda *args: asked.append(args) or result | {"pairs": args[0], "processor": "x"},
+        lambda *args: (
+            asked.append(args) or result | {"pairs": args[0], "processor": "x", "blas": "y"}
+        ),
     )
     assert bench_command(["bench", "--configs", "gpt2", "--no-memory", *argv]) == 0
     assert asked == [(pairs, 1, False)]
