@@ -14,12 +14,18 @@ step, then the replay and the torch step after it, then the engine step and the 
 after it. It prints each median and the rounds' median ratios: replay / step, and each
 against the torch step after it, as the bench's ratio.
 
+Then, in the same round, each again back to back, as a training run takes its steps: an
+untimed replay, then the replay timed; an untimed engine step, then the step timed, on the
+round's batch. Their difference is the Python between the calls, with code and data in
+cache; the steps' difference after a torch step and back to back is what the bench's
+alternation costs the engine (its caches emptied by the torch step).
+
 The replayed calls read the recorded step's arrays, not the ones they have just written.
 On copy's arrays, a few hundred numbers each, the step's arrays stay in cache either way;
 past what the caches hold the replay reads from memory what the step found in cache
 (char-lm's replay took 1.07 of its step), and is no floor.
 
-    python -m benchmarks.calls_alone               # copy, 400 rounds (~10 s)
+    python -m benchmarks.calls_alone               # copy, 400 rounds (~15 s)
     python -m benchmarks.calls_alone copy --rounds 1000
 """
 
@@ -69,6 +75,8 @@ def measure(name: str, rounds: int) -> dict:
         "torch after replay": [],
         "engine step": [],
         "torch after step": [],
+        "replay after replay": [],
+        "step after step": [],
     }
     for i in range(rounds):
         restore(arrays, saved)
@@ -80,12 +88,21 @@ def measure(name: str, rounds: int) -> dict:
             ("torch after step", torch_step),
         ):
             times[key].append(workloads.timed(run, i)[0])
+        for key, run in (
+            ("replay after replay", lambda i: replay(tape)),
+            ("step after step", engine_step),
+        ):
+            run(i)  # untimed: the timed run follows one of its own kind
+            times[key].append(workloads.timed(run, i)[0])
     return {"calls": len(tape), **times}
 
 
 def summary(times: dict) -> dict:
-    """Median ms of each, and the rounds' median ratios."""
+    """Median ms of each, and the rounds' median ratios; back to back, the median of the
+    rounds' step less replay (the Python between the calls)."""
     replay_s, step_s, torch_s = times["replay"], times["engine step"], times["torch after step"]
+    warm_replay_s, warm_step_s = times["replay after replay"], times["step after step"]
+    python_s = [step - calls for step, calls in zip(warm_step_s, warm_replay_s, strict=True)]
     return {
         "calls": times["calls"],
         "replay_ms": 1e3 * statistics.median(replay_s),
@@ -94,6 +111,9 @@ def summary(times: dict) -> dict:
         "replay_of_step": workloads.paired_ratio(replay_s, step_s),
         "step_of_torch": workloads.paired_ratio(step_s, torch_s),
         "replay_of_torch": workloads.paired_ratio(replay_s, times["torch after replay"]),
+        "warm_replay_ms": 1e3 * statistics.median(warm_replay_s),
+        "warm_step_ms": 1e3 * statistics.median(warm_step_s),
+        "python_ms": 1e3 * statistics.median(python_s),
     }
 
 
@@ -105,7 +125,10 @@ def report(name: str, rounds: int, row: dict) -> str:
         f"{row['replay_ms']:.3f} ms ({row['replay_of_step']:.3f} of the step); "
         f"torch step {row['torch_ms']:.3f} ms\n"
         f"  against the torch step after each: the engine step {row['step_of_torch']:.3f}, "
-        f"its calls alone {row['replay_of_torch']:.3f}"
+        f"its calls alone {row['replay_of_torch']:.3f}\n"
+        f"  back to back, each right after one of its kind: the engine step "
+        f"{row['warm_step_ms']:.3f} ms, its calls {row['warm_replay_ms']:.3f} ms; the Python "
+        f"between the calls {row['python_ms']:.3f} ms"
     )
 
 

@@ -88,9 +88,11 @@ def test_a_step_counts_the_same_calls_whatever_the_engines_threads(monkeypatch):
 
 def test_calls_alone_times_each_run_after_a_torch_step(monkeypatch):
     """Each round: the tape's arrays put back, an untimed torch step, then the replay, torch,
-    the engine step, torch, each timed, the steps on the round's batch of four; medians in
-    ms and the rounds' median ratios, each run against the torch step after it. Each run
-    'takes' a known time (workloads.timed replaced)."""
+    the engine step, torch, each timed, then a replay and the replay after it, an engine
+    step and the step after it, each second one timed; the steps on the round's batch of
+    four. Medians in ms, the rounds' median ratios, each run against the torch step after
+    it, and the median of the rounds' back-to-back step less replay. Each run 'takes' a
+    known time (workloads.timed replaced)."""
     import torch
 
     from benchmarks import bench
@@ -106,7 +108,7 @@ def test_calls_alone_times_each_run_after_a_torch_step(monkeypatch):
 
     def replay(tape):
         order.append("replay")
-        seen["tape"] = tape
+        seen.setdefault("tapes", []).append(tape)
 
     def torch_step(module, optimizer, batch):
         order.append(("torch", batch[0].numpy().tobytes()))
@@ -125,47 +127,73 @@ def test_calls_alone_times_each_run_after_a_torch_step(monkeypatch):
     monkeypatch.setattr(calls_alone, "replay", replay)
     monkeypatch.setattr(bench, "torch_step", torch_step)
     monkeypatch.setattr(workloads, "engine_step", engine_step)
-    seconds = {"replay": iter([2, 3, 4, 3, 3]), "engine": iter([4, 5, 4, 6, 6])}
+    seconds = {  # each round: after a torch step, then back to back
+        "replay": iter([2, 1, 3, 2, 4, 2, 3, 3, 3, 1]),
+        "engine": iter([4, 8, 5, 9, 4, 7, 6, 9, 6, 8]),
+    }
     torch_seconds = iter([5, 10, 5, 8, 5, 20, 5, 10, 5, 10])  # after replay, after step
 
+    def kind(entry):
+        return entry if isinstance(entry, str) else entry[0]
+
+    timed_after = []  # each timed run's kind, and the kind of the run before it
+
     def timed(fn, i):
+        before = len(order)
         fn(i)
-        key = order[-1] if order[-1] == "replay" else order[-1][0]
+        assert len(order) == before + 1  # one run, timed
+        key = kind(order[-1])
+        timed_after.append((key, kind(order[-2])))
         return next(torch_seconds if key == "torch" else seconds[key]), None
 
     monkeypatch.setattr(workloads, "timed", timed)
     times = calls_alone.measure("copy", rounds=5)
     order = order[2:]  # the recorded step's two engine steps
-    kinds = [entry if isinstance(entry, str) else entry[0] for entry in order]
-    assert kinds == ["restore", "torch", "replay", "torch", "engine", "torch"] * 5
+    kinds = [kind(entry) for entry in order]
+    round_kinds = ["restore", "torch", "replay", "torch", "engine", "torch"]
+    assert kinds == (round_kinds + ["replay", "replay", "engine", "engine"]) * 5
+    after_torch = [("replay", "torch"), ("torch", "replay"), ("engine", "torch")]
+    back_to_back = [("replay", "replay"), ("engine", "engine")]  # the second of each timed
+    assert timed_after == (after_torch + [("torch", "engine")] + back_to_back) * 5
     torch_batches = [entry[1] for entry in order if entry[0] == "torch"]
     engine_batches = [entry[1] for entry in order if entry[0] == "engine"]
-    assert torch_batches[::3] == torch_batches[1::3] == torch_batches[2::3] == engine_batches
-    assert len(set(engine_batches)) == 4 and engine_batches[4] == engine_batches[0]
-    assert seen["tape"] is not None and len(seen["tape"]) == times["calls"] > 400
-    tape_arrays = bound_arrays(seen["tape"])
+    assert engine_batches[::3] == engine_batches[1::3] == engine_batches[2::3]
+    assert torch_batches[::3] == torch_batches[1::3] == torch_batches[2::3]
+    assert torch_batches[::3] == engine_batches[::3]
+    assert len(set(engine_batches)) == 4 and engine_batches[12] == engine_batches[0]
+    tape = seen["tapes"][0]
+    assert len(tape) == times["calls"] > 400 and all(callable(call) for call in tape)
+    assert len(seen["tapes"]) == 15 and all(each is tape for each in seen["tapes"])
+    tape_arrays = bound_arrays(tape)
     assert all(np.shares_memory(x, y) for x, y in zip(seen["restored"], tape_arrays, strict=True))
     assert seen["torch lr"] == seen["engine lr"] == 1e-3
     assert times["replay"] == [2, 3, 4, 3, 3] and times["engine step"] == [4, 5, 4, 6, 6]
     assert times["torch after replay"] == [5, 5, 5, 5, 5]
     assert times["torch after step"] == [10, 8, 20, 10, 10]
+    assert times["replay after replay"] == [1, 2, 2, 3, 1]
+    assert times["step after step"] == [8, 9, 7, 9, 8]
     row = calls_alone.summary(times)
     assert row["calls"] == times["calls"]
     assert (row["replay_ms"], row["step_ms"], row["torch_ms"]) == (3000, 5000, 10000)
     assert row["replay_of_step"] == pytest.approx(0.5)  # 0.5, 0.6, 1.0, 0.5, 0.5
     assert row["step_of_torch"] == pytest.approx(0.6)  # 0.4, 0.625, 0.2, 0.6, 0.6
     assert row["replay_of_torch"] == pytest.approx(0.6)  # 0.4, 0.6, 0.8, 0.6, 0.6
+    assert (row["warm_replay_ms"], row["warm_step_ms"]) == (2000, 8000)
+    assert row["python_ms"] == 7000  # the rounds' step less replay: 7, 7, 5, 6, 7
 
 
 def test_calls_alone_report_and_arguments(monkeypatch, capsys):
     row = dict(calls=458, replay_ms=1.6504, step_ms=2.0401, torch_ms=4.9302)
     row |= dict(replay_of_step=0.8091, step_of_torch=0.4151, replay_of_torch=0.3349)
+    row |= dict(warm_replay_ms=0.6884, warm_step_ms=0.8981, python_ms=0.2046)
     monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
     assert calls_alone.report("copy", 400, row).splitlines() == [
         "copy, one thread, each run right after a torch step (400 rounds; Some CPU, 2 cores):",
         "  engine step 2.040 ms; its 458 NumPy calls back to back 1.650 ms (0.809 of the step);"
         " torch step 4.930 ms",
         "  against the torch step after each: the engine step 0.415, its calls alone 0.335",
+        "  back to back, each right after one of its kind: the engine step 0.898 ms, its calls"
+        " 0.688 ms; the Python between the calls 0.205 ms",
     ]
     for argv in (["--rounds", "0"], ["gpt2"]):
         with pytest.raises(SystemExit) as stop:
