@@ -50,8 +50,9 @@ def recorded_calls(name: str) -> list:
 
 
 def measure(name: str, rounds: int) -> dict:
-    """Seconds of each round's replay, engine step and the torch step after each; the steps
-    take the workload's BATCHES batches in turn."""
+    """Seconds of each round's replay, engine step and the torch step after each, then of a
+    replay and an engine step each right after an untimed one of its kind; the steps take
+    the workload's BATCHES batches in turn, a round's all on its batch."""
     from benchmarks import bench
     from crosscheck.convert import tensor, torch_model_for
 
