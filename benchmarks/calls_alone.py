@@ -18,7 +18,8 @@ Then, in the same round, each again back to back, as a training run takes its st
 untimed replay, then the replay timed; an untimed engine step, then the step timed, on the
 round's batch. Their difference is the Python between the calls, with code and data in
 cache; the steps' difference after a torch step and back to back is what the bench's
-alternation costs the engine (its caches emptied by the torch step).
+alternation costs the engine (more than emptying the caches' data costs it: the processor's
+state for the engine's code, docs/performance.md, section 4).
 
 The replayed calls read the recorded step's arrays, not the ones they have just written.
 On copy's arrays, a few hundred numbers each, the step's arrays stay in cache either way;
