@@ -123,7 +123,13 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m benchmarks.dropout",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--config", choices=[*WORKLOADS, gpt2.WORKLOAD], default="char-lm")
+    parser.add_argument(
+        "--config",
+        choices=[*WORKLOADS, gpt2.WORKLOAD],
+        default="char-lm",
+        help="the workload: copy, char-lm or large of benchmarks/workloads.py, or gpt2, the "
+        "124M model against transformers (~6 GB) (default: char-lm)",
+    )
     parser.add_argument(
         "--rate", type=dropout_rate, default=0.1, help="every site's rate (default: 0.1)"
     )

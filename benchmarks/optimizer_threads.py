@@ -94,10 +94,20 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--threads", type=positive_int, default=2, help="(default: 2)")
-    parser.add_argument("--rounds", type=positive_int, default=8, help="(default: 8)")
     parser.add_argument(
-        "--size", type=positive_int, default=GPT2_PARAMETERS, help="parameters (default: GPT-2's)"
+        "--threads",
+        type=positive_int,
+        default=2,
+        help="threads for the engine's second run and for torch (default: 2)",
+    )
+    parser.add_argument(
+        "--rounds", type=positive_int, default=8, help="timed steps of each side (default: 8)"
+    )
+    parser.add_argument(
+        "--size",
+        type=positive_int,
+        default=GPT2_PARAMETERS,
+        help=f"parameters in the vector updated (default: GPT-2's, {GPT2_PARAMETERS:,})",
     )
     args = parser.parse_args(argv)
     result = measure(args.size, args.threads, args.rounds)

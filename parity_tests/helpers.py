@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
+import re
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -333,3 +335,26 @@ def float32_golden(model, batch: tuple, dlogits: np.ndarray, rng) -> tuple:
     golden = engine64(inputs)  # the float64 engine (see layer_float32_checks)
     sensitivity = sensitivities(engine64, inputs, rng, per_input=False, draws=3)
     return model32, dlogits32, golden, sensitivity
+
+
+def argument_helps(parser: argparse.ArgumentParser, command: str = "") -> dict[str, str]:
+    """Each argument's help text, by command and name ("train --lr"), through every
+    subcommand; --help, --version and arguments whose help is suppressed left out."""
+    helps = {}
+    for action in parser._actions:  # argparse keeps no public list of them
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                helps |= argument_helps(sub, f"{command} {name}".strip())
+        elif action.help != argparse.SUPPRESS and not isinstance(
+            action, argparse._HelpAction | argparse._VersionAction
+        ):
+            name = "/".join(action.option_strings) or action.dest
+            helps[f"{command} {name}".strip()] = action.help or ""
+    return helps
+
+
+def unexplained(helps: dict[str, str]) -> dict[str, str]:
+    """The arguments whose help says no more than a word besides its default: what --help
+    must explain is what the argument is ("(default: 2)" alone says nothing of that)."""
+    said = {name: re.sub(r"\(default[^)]*\)", "", text).split() for name, text in helps.items()}
+    return {name: helps[name] for name, words in said.items() if len(words) < 2}

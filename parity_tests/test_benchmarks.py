@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import math
 import types
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +21,7 @@ from benchmarks.workloads import middle_half, processor_name, spread
 from crosscheck.cli import main as bench_command
 from numpy_engine import GPTConfig, MiniGPT, Seq2SeqConfig, Seq2SeqTransformer
 from numpy_engine.cli import main
-from parity_tests.helpers import recorded_thread_settings
+from parity_tests.helpers import argument_helps, recorded_thread_settings, unexplained
 
 
 def test_generation_benchmark_runs_and_all_paths_agree(capsys):
@@ -1049,3 +1052,31 @@ def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, ca
         script.main(argv)
     assert exit_info.value.code == 2
     assert named in capsys.readouterr().err
+
+
+SCRIPTS = sorted(  # the benchmarks run as python -m benchmarks.NAME that parse their argv
+    path.stem
+    for path in Path(bench.__file__).parent.glob("*.py")
+    if "\ndef main(argv" in path.read_text() and '__name__ == "__main__"' in path.read_text()
+)
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_each_benchmark_scripts_arguments_say_what_they_are(module, monkeypatch):
+    """Every argument of a benchmark script has a help that says what it is, not only its
+    default. The script's parser is caught where it parses, before anything is built."""
+    parsers = []
+
+    def caught(parser, args=None, namespace=None):
+        parsers.append(parser)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"benchmarks.{module}").main([])
+    assert len(parsers) == 1, module  # one parser, reached
+    assert unexplained(argument_helps(parsers[0])) == {}
+
+
+def test_the_benchmark_scripts_are_found():
+    assert {"ab", "calls_alone", "dropout", "optimizer_threads", "where_time_goes"} <= set(SCRIPTS)

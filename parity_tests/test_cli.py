@@ -28,6 +28,7 @@ from numpy_engine.models.minigpt import MiniGPT
 from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.tasks import corpus_from_meta
 from numpy_engine.train import SequenceTrainConfig, train_sequence_task
+from parity_tests.helpers import argument_helps, unexplained
 
 RUN_FILES = ["checkpoint.npz", "history.json", "result.json"]  # what --out DIR holds
 
@@ -97,6 +98,17 @@ def test_help_explains_every_command_and_flag(command):
     expected = HELP_WORDS[tuple(command)]
     assert all(word in out for word in expected), out
     assert "default: None)" not in out and "default: 0.0)" not in out  # a default that is "off"
+
+
+@pytest.mark.parametrize(
+    "build, known",
+    [(engine_parser, "train --lr"), (crosscheck_parser, "bench --configs")],
+    ids=["numpy-engine", "crosscheck"],
+)
+def test_every_argument_of_every_command_says_what_it_is(build, known):
+    helps = argument_helps(build())
+    assert known in helps and len(helps) > 30  # the walk reached the subcommands' arguments
+    assert unexplained(helps) == {}
 
 
 def test_version_names_the_installed_package_numpy_and_python(capsys):
