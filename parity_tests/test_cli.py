@@ -101,13 +101,13 @@ def test_help_explains_every_command_and_flag(command):
 
 
 @pytest.mark.parametrize(
-    "build, known",
-    [(engine_parser, "train --lr"), (crosscheck_parser, "bench --configs")],
+    "build, known, at_least",
+    [(engine_parser, "train --lr", 50), (crosscheck_parser, "bench --configs", 15)],
     ids=["numpy-engine", "crosscheck"],
 )
-def test_every_argument_of_every_command_says_what_it_is(build, known):
+def test_every_argument_of_every_command_says_what_it_is(build, known, at_least):
     helps = argument_helps(build())
-    assert known in helps and len(helps) > 30  # the walk reached the subcommands' arguments
+    assert known in helps and len(helps) >= at_least  # the walk reached every subcommand
     assert unexplained(helps) == {}
 
 
