@@ -107,7 +107,7 @@ def test_help_explains_every_command_and_flag(command):
 )
 def test_every_argument_of_every_command_says_what_it_is(build, known, at_least):
     helps = argument_helps(build())
-    assert known in helps and len(helps) >= at_least  # the walk reached every subcommand
+    assert known in helps and len(helps) >= at_least  # the walk reached the subcommands' arguments
     assert unexplained(helps) == {}
 
 
