@@ -1054,10 +1054,14 @@ def test_benchmark_scripts_refuse_a_bad_argument_by_name(module, argv, named, ca
     assert named in capsys.readouterr().err
 
 
-SCRIPTS = sorted(  # the benchmarks run as python -m benchmarks.NAME that parse their argv
-    path.stem
-    for path in Path(bench.__file__).parent.glob("*.py")
-    if "\ndef main(argv" in path.read_text() and '__name__ == "__main__"' in path.read_text()
+def _parses_its_argv(path: Path) -> bool:
+    """Whether a benchmark file runs as python -m benchmarks.NAME and parses its argv."""
+    text = path.read_text()
+    return "\ndef main(argv" in text and '__name__ == "__main__"' in text
+
+
+SCRIPTS = sorted(
+    path.stem for path in Path(bench.__file__).parent.glob("*.py") if _parses_its_argv(path)
 )
 
 
