@@ -6,6 +6,12 @@ a row sum over a (1024, 64) float32 array took 31 us against 5 us as a matrix-ve
 product, a column sum 27 us against 5 us, and a row max over a (4096, 32) array 500 us,
 more than the softmax's exp. So sums become products with a vector of ones (BLAS),
 and dot products become `np.vecdot`. docs/performance.md has the measurements.
+
+The 2-D products here are `np.dot(a, b)`, not `a @ b`: the same BLAS call (the same bits at
+every shape tried), for ~0.25 us less a call (matmul is a generalized ufunc, whose dispatch
+costs more), a third of a small product's time: the copy model's step makes ~50 of them.
+Their outputs are vectors. A matrix output costs `np.dot` more per entry than `@` (char-lm's
+products 1-4% more), so the layers' products keep `@`.
 """
 
 from __future__ import annotations
@@ -26,13 +32,13 @@ def _filled(n: int, dtype: np.dtype, value: float = 1.0) -> np.ndarray:
 def sum_leading(x: np.ndarray) -> np.ndarray:
     """x (..., C) summed over every axis but the last: (C,). A bias or layernorm gradient."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, C)
-    return _filled(x2.shape[0], x2.dtype) @ x2  # ones (N,)
+    return np.dot(_filled(x2.shape[0], x2.dtype), x2)  # ones (N,)
 
 
 def mean_leading(x: np.ndarray) -> np.ndarray:
     """x (..., C) averaged over every axis but the last: (C,), the mean row."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, C)
-    return _filled(x2.shape[0], x2.dtype, 1.0 / x2.shape[0]) @ x2  # 1/N (N,)
+    return np.dot(_filled(x2.shape[0], x2.dtype, 1.0 / x2.shape[0]), x2)  # 1/N (N,)
 
 
 def sum_last(x: np.ndarray) -> np.ndarray:
@@ -45,8 +51,8 @@ def sum_last(x: np.ndarray) -> np.ndarray:
 
 def _last_times(x: np.ndarray, vector: np.ndarray) -> np.ndarray:
     """x (..., C) @ vector (C,), keeping the last axis: (..., 1)."""
-    if x.ndim > 2 and x.flags.c_contiguous and x.shape[-1] > 0:  # (-1, 0) is no shape
-        return (x.reshape(-1, x.shape[-1]) @ vector).reshape(*x.shape[:-1], 1)
+    if x.ndim >= 2 and x.flags.c_contiguous and x.shape[-1] > 0:  # (-1, 0) is no shape
+        return np.dot(x.reshape(-1, x.shape[-1]), vector).reshape(*x.shape[:-1], 1)
     return (x @ vector)[..., None]
 
 
