@@ -82,6 +82,11 @@ def test_softmax_last_equals_the_textbook_on_every_path(offset, path, dtype):
     assert weights[0, 1, 2:].tolist() == [0.0, 0.0, 0.0]
     tolerance = 1e-14 if dtype == "float64" else 1e-6
     np.testing.assert_allclose(weights, expected, rtol=tolerance, atol=tolerance, err_msg=path)
+    # into a given array (attention's batch groups write their rows of the weights so): the
+    # same bits, and that array is what it returns
+    out = np.full_like(scores, np.nan)
+    assert A.softmax_last(scores.copy(), out=out) is out, path
+    np.testing.assert_array_equal(out, weights, err_msg=path)
 
 
 def test_softmax_last_propagates_nan_as_the_textbook_does():
