@@ -13,17 +13,28 @@ Only the outermost call counts: a NumPy function that calls ufuncs inside is one
 it is one dispatch from the engine's code. (Array methods that NumPy writes in Python, such
 as `.mean()`, are not seen themselves: they count as the ufunc calls they make.) Not
 counted: attribute reads (`.shape`, `.T`), `.reshape` and other methods that make views,
-array construction from Python (np.empty, np.arange with no array argument), and
-`np.asarray` / `np.ascontiguousarray`, which do not dispatch on their argument (their result
-is a plain array, so a product of it with another plain array would go unseen too: the
-engine copies with `np.copy`). The step is not timed: the subclass is slow. Its products
-are, each by itself (Counted.product_seconds): a product's arrays are where the step left
-them, in cache or not, and the subclass's own work falls outside each product's time.
+and the calls that make arrays (np.empty, np.asarray, np.arange: CONSTRUCTORS).
+
+Every array the step reads or makes is a Counted one: the model's parameters and the batch
+are given as Counted copies, the optimizer's moments and scratch become Counted views for
+the step, and the engine's modules see a NumPy whose CONSTRUCTORS make Counted arrays. Not
+so: what a functools cache keeps (a vector of ones, a causal mask), made without a call
+once warm, and a random generator's draws (dropout's masks; the bench's workloads drop
+nothing). Before the fifty-third session only the parameters and the batch were Counted,
+and the calls made on an array the step makes (an np.empty a product writes by out=, the
+checked ids) or on the moments alone went unseen: 453 of copy's 542 calls were counted,
+724 of char-lm's 826, 7825 of large's 9880.
+
+The step is not timed: the subclass is slow. Its products are, each by itself
+(Counted.product_seconds): a product's arrays are where the step left them, in cache or
+not, and the subclass's own work falls outside each product's time.
 """
 
 from __future__ import annotations
 
 import collections
+import sys
+import types
 from time import perf_counter
 
 import numpy as np
@@ -120,13 +131,17 @@ def _counted(result):
 def calls_per_step(model, optimizer, batch, step) -> tuple[collections.Counter, list]:
     """The NumPy calls of step(model, optimizer, batch), by name, and its matrix products
     (Counted.products; Counted.product_seconds holds their times), on a Counted copy of the
-    model's parameter vector and of the batch (the model's own vector is put back after).
-    The engine's elementwise blocks run on one thread meanwhile: Counted's tallies are the
-    class's, and helper threads making calls at the same time would miscount them (the same
-    calls, on one thread)."""
+    model's parameter vector and of the batch (the model's own vector is put back after),
+    Counted views of the optimizer's arrays, and Counted arrays wherever the engine makes one
+    (COUNTING_NUMPY). The engine's elementwise blocks run on one thread meanwhile: Counted's
+    tallies are the class's, and helper threads making calls at the same time would
+    miscount them (the same calls, on one thread)."""
     flat, params, engine_threads = model.flat, model.params, threads()
     model.flat = flat.copy().view(Counted)
     model.params = unflatten(model.flat, params)
+    _set_arrays_of(optimizer, Counted)
+    engine = _engine_modules()
+    COUNTING_NUMPY.plain_within = _cached_code(engine)
     Counted.calls.clear()
     Counted.products.clear()
     Counted.product_seconds.clear()
@@ -134,11 +149,111 @@ def calls_per_step(model, optimizer, batch, step) -> tuple[collections.Counter, 
         Counted.tape.clear()
     set_threads(1)
     try:
+        for module in engine:
+            module.np = COUNTING_NUMPY
         step(model, optimizer, tuple(np.asarray(x).view(Counted) for x in batch))
     finally:
+        for module in engine:
+            module.np = np
         model.flat, model.params = flat, params
+        _set_arrays_of(optimizer, np.ndarray)
         set_threads(engine_threads)
     return collections.Counter(Counted.calls), list(Counted.products)
+
+
+# The NumPy functions that make arrays. During a counted step the engine's modules see
+# COUNTING_NUMPY, whose versions of these return Counted arrays: otherwise an array the step
+# makes (np.empty written by a product's out=, np.asarray of the checked ids) is a plain
+# one, and the calls made on it alone go unseen (72 of copy's 542).
+CONSTRUCTORS = frozenset(
+    """array asarray ascontiguousarray asanyarray empty zeros ones full empty_like zeros_like
+    ones_like full_like arange linspace eye frombuffer fromiter""".split()
+)
+
+
+class _CountingNumPy(types.ModuleType):
+    """numpy, but for CONSTRUCTORS, whose arrays are Counted: all but those made inside the
+    engine's functools-cached functions (plain_within, their code), which a cache keeps for
+    the steps after, and which a warm cache makes without a call."""
+
+    plain_within: frozenset = frozenset()
+
+    def __getattr__(self, name: str):
+        attr = getattr(np, name)
+        return _making_counted(attr, self.plain_within) if name in CONSTRUCTORS else attr
+
+
+def _making_counted(constructor, plain_within: frozenset):
+    def counted(*args, **kwargs):
+        made = constructor(*args, **kwargs)
+        if type(made) is not np.ndarray or _called_within(plain_within):
+            return made
+        return made.view(Counted)
+
+    return counted
+
+
+def _called_within(codes: frozenset) -> bool:
+    frame = sys._getframe(2)  # the caller of the constructor
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+COUNTING_NUMPY = _CountingNumPy("numpy, counting")
+
+
+def _engine_modules() -> list:
+    """The engine's modules that use NumPy as np."""
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.split(".")[0] == "numpy_engine" and getattr(module, "np", None) is np
+    ]
+
+
+def _cached_code(modules: list) -> frozenset:
+    """The code of the modules' functools-cached functions."""
+    return frozenset(
+        value.__wrapped__.__code__
+        for module in modules
+        for value in vars(module).values()
+        if callable(getattr(value, "cache_clear", None)) and hasattr(value, "__wrapped__")
+    )
+
+
+def _set_arrays_of(optimizer, kind: type) -> None:
+    """Make the optimizer's own arrays (its moments, its scratch, the views of them it keeps
+    in dicts and lists) views of kind, of the same memory: Counted for the counted step,
+    whose update makes calls on them alone (17 of copy's), plain after it (arrays it made
+    during the step too)."""
+    for key, value in list(vars(optimizer or _Nothing()).items()):
+        if _holds_arrays(value):
+            setattr(optimizer, key, _views(value, kind))
+
+
+class _Nothing:
+    """A step's optimizer of None: no attributes."""
+
+
+def _holds_arrays(value) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return isinstance(value, dict | list | tuple) and any(_holds_arrays(item) for item in items)
+
+
+def _views(value, kind: type):
+    """value with each array in it, in nested dicts, lists and tuples too, a view of kind."""
+    if isinstance(value, np.ndarray):
+        return value.view(kind)
+    if isinstance(value, dict):
+        return {key: _views(item, kind) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_views(item, kind) for item in value)
+    return value
 
 
 def recorded_step(model, optimizer, batch, step) -> list:

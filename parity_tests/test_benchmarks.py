@@ -865,6 +865,45 @@ def test_call_count_counts_each_call_from_the_callers_side_once():
     }
 
 
+def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments():
+    """An array the engine makes in the step (heads_buffer's np.empty, split into heads: an
+    index a part) and the optimizer's moments (Adam's sqrt is of its second moment alone)
+    are Counted for the step; after it the optimizer holds plain arrays of the same memory,
+    the engine's modules see NumPy itself, and a cached vector made during the step is
+    plain (a cache keeps it for the steps after)."""
+    import numpy as np
+
+    from benchmarks import workloads
+    from benchmarks.call_count import Counted, calls_per_step
+    from numpy_engine import attention, reductions
+
+    model, optimizer, batches = workloads.build(workloads.WORKLOADS["copy"], 2)
+    workloads.engine_step(model, optimizer, batches[0])
+    second = optimizer.flat_state["exp_avg_sq"]
+
+    def made(model, optimizer, batch):
+        reductions._filled.cache_clear()  # made again inside the step, for the cache
+        reductions.sum_last(attention.heads_buffer((2, 3), 8, 2, 3, np.float32)[0])
+
+    def update(model, optimizer, batch):
+        grads = {key: np.full(value.shape, 0.5, value.dtype) for key, value in model.params.items()}
+        optimizer.step(model.flat, grads)
+
+    calls, _ = calls_per_step(model, optimizer, batches[1], made)
+    assert dict(calls) == {"index": 4, "dot": 1}  # three parts and tuple()'s end; sum_last
+    calls, _ = calls_per_step(model, optimizer, batches[1], update)
+    # sqrt(v) and m / (sqrt(v) + eps) read the moments alone, m *= b1 and v *= b2 write them
+    assert calls["sqrt.__call__"] == calls["divide.__call__"] == 1
+    assert calls["multiply.__call__"] >= 2
+    assert type(optimizer.flat_state["exp_avg_sq"]) is np.ndarray
+    assert np.shares_memory(optimizer.flat_state["exp_avg_sq"], second)
+    assert type(optimizer.scratch) is np.ndarray and type(optimizer.gathered) is np.ndarray
+    assert all(type(v) is np.ndarray for s in optimizer.state.values() for v in s.values())
+    assert attention.np is np and reductions.np is np
+    assert type(reductions._filled(24, np.dtype(np.float32))) is np.ndarray  # the cached one
+    assert not isinstance(model.flat, Counted)
+
+
 def test_where_time_goes_parts_and_floor_of_a_copy_step():
     """Every layer function of the copy model's step is timed under its part (and put back
     after), the parts and "between layers" make up the instrumented step, and the floor finds

@@ -60,7 +60,7 @@ def test_the_recorded_copy_step_is_the_calls_the_bench_counts():
     flat, params = model.flat, model.params
     calls, _ = calls_per_step(model, optimizer, batches[1], workloads.engine_step)
     assert model.flat is flat and model.params is params
-    assert len(tape) == sum(calls.values()) > 400  # copy's 453 today
+    assert len(tape) == sum(calls.values()) > 500  # copy's 542 today
     assert Counted.tape is None
     replay(tape)  # every call runs again
 
@@ -83,7 +83,7 @@ def test_a_step_counts_the_same_calls_whatever_the_engines_threads(monkeypatch):
             assert threads.threads() == n
     finally:
         threads.set_threads(before)
-    assert counts[0] == counts[1] > 700  # char-lm's 724 today
+    assert counts[0] == counts[1] > 800  # char-lm's 826 today
 
 
 def test_calls_alone_times_each_run_after_a_torch_step(monkeypatch):
