@@ -252,7 +252,8 @@ def _views(value, kind: type):
     if isinstance(value, dict):
         return {key: _views(item, kind) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_views(item, kind) for item in value)
+        items = [_views(item, kind) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
 
 

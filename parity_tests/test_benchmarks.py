@@ -874,8 +874,9 @@ def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments()
     import numpy as np
 
     from benchmarks import workloads
-    from benchmarks.call_count import Counted, calls_per_step
+    from benchmarks.call_count import Counted, _holds_arrays, _views, calls_per_step
     from numpy_engine import attention, reductions
+    from numpy_engine.attention import KeysValues
 
     model, optimizer, batches = workloads.build(workloads.WORKLOADS["copy"], 2)
     workloads.engine_step(model, optimizer, batches[0])
@@ -902,6 +903,12 @@ def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments()
     assert attention.np is np and reductions.np is np
     assert type(reductions._filled(24, np.dtype(np.float32))) is np.ndarray  # the cached one
     assert not isinstance(model.flat, Counted)
+    # an optimizer's arrays in nested dicts, lists and named tuples are found and viewed too
+    held = {"moments": [KeysValues(np.zeros(2), np.ones(2)), (np.ones(3), 0.9)], "lr": 0.1}
+    viewed = _views(held, Counted)
+    assert type(viewed["moments"][0]) is KeysValues and viewed["lr"] == 0.1
+    assert [type(a) for a in (*viewed["moments"][0], viewed["moments"][1][0])] == [Counted] * 3
+    assert _holds_arrays(held) and not _holds_arrays({"betas": (0.9, 0.999)})
 
 
 def test_where_time_goes_parts_and_floor_of_a_copy_step():
