@@ -229,13 +229,11 @@ def _set_arrays_of(optimizer, kind: type) -> None:
     in dicts and lists) views of kind, of the same memory: Counted for the counted step,
     whose update makes calls on them alone (17 of copy's), plain after it (arrays it made
     during the step too)."""
-    for key, value in list(vars(optimizer or _Nothing()).items()):
+    if optimizer is None:  # a step that updates nothing (a forward alone)
+        return
+    for key, value in list(vars(optimizer).items()):
         if _holds_arrays(value):
             setattr(optimizer, key, _views(value, kind))
-
-
-class _Nothing:
-    """A step's optimizer of None: no attributes."""
 
 
 def _holds_arrays(value) -> bool:
