@@ -237,10 +237,12 @@ def _set_arrays_of(optimizer, kind: type) -> None:
 
 
 def _holds_arrays(value) -> bool:
+    """value is an array, or a dict, list or tuple with one somewhere inside."""
     if isinstance(value, np.ndarray):
         return True
-    items = value.values() if isinstance(value, dict) else value
-    return isinstance(value, dict | list | tuple) and any(_holds_arrays(item) for item in items)
+    if isinstance(value, dict):
+        value = list(value.values())
+    return isinstance(value, list | tuple) and any(_holds_arrays(item) for item in value)
 
 
 def _views(value, kind: type):
