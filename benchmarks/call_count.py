@@ -27,7 +27,9 @@ checked ids) or on the moments alone went unseen: 453 of copy's 542 calls were c
 
 The step is not timed: the subclass is slow. Its products are, each by itself
 (Counted.product_seconds): a product's arrays are where the step left them, in cache or
-not, and the subclass's own work falls outside each product's time.
+not, and the subclass's own work falls outside each product's time. Its broadcasts are
+recorded (Counted.broadcasts), for where_time_goes to time: NumPy runs a binary call that
+spreads one operand over another's rows one short row at a time.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class Counted(np.ndarray):
     calls: collections.Counter = collections.Counter()
     products: list = []  # (left shape, right shape, dtype) of each outermost matmul or np.dot
     product_seconds: list = []  # the time each of those took where the step made it
+    # (ufunc, ((shape, dtype) of each operand)) of each outermost binary ufunc call that
+    # spreads an array of more than one number over a larger shape (a bias over rows, a
+    # row's mean over its entries)
+    broadcasts: list = []
     tape: list | None = None  # while recorded_step runs: each outermost call, as `run` below
     _depth = 0  # > 0 inside a counted call: the calls it makes itself are not counted
 
@@ -75,6 +81,8 @@ class Counted(np.ndarray):
         inputs = tuple(_plain(x) for x in inputs)
         if ufunc is np.matmul and method == "__call__":
             Counted._note_product(*inputs)
+        elif ufunc.nin == 2 and method == "__call__":
+            Counted._note_broadcast(ufunc, inputs)
         if out is not None:
             kwargs["out"] = tuple(_plain(x) for x in out)
         result = Counted._count(
@@ -96,6 +104,14 @@ class Counted(np.ndarray):
         if cls._depth == 0:
             left, right = np.asarray(left), np.asarray(right)
             cls.products.append((left.shape, right.shape, np.result_type(left, right)))
+
+    @classmethod
+    def _note_broadcast(cls, ufunc, inputs) -> None:
+        if cls._depth == 0:
+            arrays = [np.asarray(x) for x in inputs]
+            whole = np.broadcast_shapes(*(a.shape for a in arrays))
+            if any(a.size > 1 and a.shape != whole for a in arrays):
+                cls.broadcasts.append((ufunc, tuple((a.shape, a.dtype) for a in arrays)))
 
     def __getitem__(self, index):
         index = _plain_nested(index)
@@ -145,6 +161,7 @@ def calls_per_step(model, optimizer, batch, step) -> tuple[collections.Counter, 
     Counted.calls.clear()
     Counted.products.clear()
     Counted.product_seconds.clear()
+    Counted.broadcasts.clear()
     if Counted.tape is not None:  # recorded_step's: from here on, as the counts
         Counted.tape.clear()
     set_threads(1)

@@ -18,7 +18,11 @@ BLAS and torch on N threads; NumPy's elementwise passes stay on one core):
   in-place pass over each product's output, one pass over each of the optimizer's four
   vectors (parameters, gradients, two moments), and the step's NumPy calls at the cost of
   the cheapest NumPy call. Neither engine can be faster than the products and the passes;
-  the engine, making its calls, not faster than the sum. The same products are then timed
+  the engine, making its calls, not faster than the sum. Its calls that broadcast (a bias
+  added to every row, a row's mean taken from each entry) are timed alone, as the step
+  makes them and with every operand spread to the whole shape first: NumPy runs a
+  broadcast one short row at a time, and the difference is what that costs, the most a
+  layout of the arrays without such broadcasts could save on them. The same products are then timed
   where the step makes them, one by one in a step on call_count's counted arrays, the 2-D
   ones (linear layers, head, embedding) apart from the batched ones (attention's): there
   their operands are wherever the step left them, in cache or not, and laid out as the
@@ -257,6 +261,7 @@ def floor(name: str) -> dict:
     model, optimizer, batches, step = _engine_side(name, 2)
     step(model, optimizer, batches[0])
     calls, products = calls_per_step(model, optimizer, batches[1], step)
+    broadcasts = list(Counted.broadcasts)
     rng = np.random.default_rng(0)
     alone = dict.fromkeys(KINDS, 0.0)
     pass_s = 0.0
@@ -285,7 +290,25 @@ def floor(name: str) -> dict:
         "calls": n_calls,
         "call_us": 1e6 * call_s,
         "calls_ms": 1e3 * n_calls * call_s,
+        "broadcasts": len(broadcasts),
+        **_broadcasts_ms(broadcasts),
     }
+
+
+def _broadcasts_ms(broadcasts: list) -> dict[str, float]:
+    """ms of the step's broadcasting calls (call_count.Counted.broadcasts), each timed alone
+    as the step makes it, and again with each operand spread to the whole shape first:
+    what spreading an operand over short rows costs NumPy, beyond the arithmetic."""
+    spread = whole = 0.0
+    for ufunc, operands in broadcasts:
+        arrays = [np.ones(shape, dtype) for shape, dtype in operands]
+        whole_shape = np.broadcast_shapes(*(array.shape for array in arrays))
+        wholes = [np.ones(whole_shape, dtype) for _, dtype in operands]
+        out = ufunc(*wholes)
+        repeats = 200 if out.size < 1 << 16 else 5  # calls of microseconds: the best of more
+        spread += best_seconds(functools.partial(ufunc, *arrays, out=out), repeats)
+        whole += best_seconds(functools.partial(ufunc, *wholes, out=out), repeats)
+    return {"broadcasts_ms": 1e3 * spread, "broadcasts_whole_ms": 1e3 * whole}
 
 
 def _products_in_step(model, optimizer, batch, step) -> dict[str, float]:
@@ -336,6 +359,9 @@ def report(name: str, steps: int) -> str:
         f"{low['optimizer']:.2f} = {low['matmul'] + low['passes'] + low['optimizer']:.2f} ms; "
         f"{low['calls']} NumPy calls at {low['call_us']:.2f} us (the cheapest call) "
         f"{low['calls_ms']:.2f} ms more",
+        f"  {low['broadcasts']} of the calls spread an operand over rows (a bias, a row's "
+        f"mean): {low['broadcasts_ms']:.2f} ms alone, {low['broadcasts_whole_ms']:.2f} ms "
+        "with each operand at the whole shape",
         "  the same products where the step makes them (each timed in a counted step, the "
         f"median of {IN_STEP_RUNS} steps): "
         + ", ".join(

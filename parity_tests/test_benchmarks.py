@@ -865,6 +865,29 @@ def test_call_count_counts_each_call_from_the_callers_side_once():
     }
 
 
+def test_call_count_records_the_calls_that_spread_an_operand_over_rows():
+    """A binary ufunc call with an array operand of more than one number and less than the
+    whole shape is a broadcast, recorded with its operands' shapes and dtypes (a scalar as
+    itself); a scalar, an array of one number, equal shapes and a product are not."""
+    import numpy as np
+
+    from benchmarks.call_count import Counted
+
+    f64 = np.dtype(np.float64)
+    a = np.ones((2, 3)).view(Counted)
+    row, one = np.ones(3).view(Counted), np.ones((1, 1)).view(Counted)
+    Counted.broadcasts.clear()
+    _ = a * 2.0, a + a, a * one, a @ a.T, np.exp(a)  # none of them
+    a += row  # a row over both rows, in place
+    _ = a - a.sum(axis=1, keepdims=True)  # a column over its row (the sum is a reduction)
+    _ = np.where(a > row, a, 0.0)  # the compare is the outermost call; where is not binary
+    assert Counted.broadcasts == [
+        (np.add, (((2, 3), f64), ((3,), f64))),
+        (np.subtract, (((2, 3), f64), ((2, 1), f64))),
+        (np.greater, (((2, 3), f64), ((3,), f64))),
+    ]
+
+
 def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments():
     """An array the engine makes in the step (heads_buffer's np.empty, split into heads: an
     index a part) and the optimizer's moments (Adam's sqrt is of its second moment alone)
@@ -930,6 +953,13 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
     assert abs(sum(engine["parts"].values()) - engine["instrumented"]) < 1e-9
     low = W.floor("copy")
     assert low["products"] == 56
+    # 88 broadcasts: each layernorm's 8 (the mean and rstd forward and back, its weight and
+    # bias, the weight's again in the backward: 7 layernorms), 12 biases, the softmax's row
+    # max, its backward's row sum and the keys' mean (3 attentions), the zero-sum
+    # gradients' 3, the loss's 3, the embeddings' 2 one-hots, the positions' 2 and the
+    # decoder's mask
+    assert low["broadcasts"] == 88
+    assert 0 < low["broadcasts_ms"] < 10 and 0 < low["broadcasts_whole_ms"] < 10
     assert low["calls"] > 100 and 0 < low["matmul"] < 10 and 0 < low["passes"] < 10
     # copy's 38 two-dimensional products and 18 of attention's, alone and where the step
     # makes them
@@ -969,6 +999,7 @@ def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
         _ = a @ b, np.matmul(a, b), c @ d  # 2-D twice, batched once
         _ = a @ ones, ones @ b  # sums as products with ones: no matrix products
         np.exp(a)  # a call, not a product
+        _ = a - ones  # a call that broadcasts
 
     arrays = (np.ones((3, 4)), np.ones((4, 5)), np.ones((2, 3, 4)), np.ones((2, 4, 5)), np.ones(4))
     monkeypatch.setattr(W, "_engine_side", lambda name, n: (Model(), None, [arrays] * n, step))
@@ -976,12 +1007,103 @@ def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
     clock = itertools.count(1.0, 1e-3)  # each timed product starts and ends 1 ms apart
     monkeypatch.setattr(call_count, "perf_counter", lambda: next(clock))
     low = W.floor("fake")
-    assert low["products"] == 3 and low["calls"] == 6
+    assert low["products"] == 3 and low["calls"] == 7 and low["broadcasts"] == 1
     assert low["matmul_by_kind"] == pytest.approx({"2-D": 2.0, "batched": 1.0}, abs=1e-9)
     assert low["in_step_by_kind"] == pytest.approx({"2-D": 2.0, "batched": 1.0}, abs=1e-9)
     assert low["matmul"] == pytest.approx(3.0) and low["passes"] == pytest.approx(5.0)
     assert low["optimizer"] == pytest.approx(4.0) and low["call_us"] == pytest.approx(1e3)
-    assert low["calls_ms"] == pytest.approx(6.0)
+    assert low["calls_ms"] == pytest.approx(7.0)
+    assert low["broadcasts_ms"] == low["broadcasts_whole_ms"] == pytest.approx(1.0)
+
+
+def test_where_time_goes_times_each_broadcast_as_made_and_with_whole_operands(monkeypatch):
+    """Each recorded broadcast is timed twice into an output of the whole shape: on arrays
+    of its operands' shapes and dtypes, then on arrays of the whole shape; the best of 200
+    calls, or of 5 past 64K entries."""
+    import numpy as np
+
+    from benchmarks import where_time_goes as W
+
+    timed = []
+    monkeypatch.setattr(
+        W, "best_seconds", lambda fn, repeats=5: timed.append((fn, repeats)) or 1e-3
+    )
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    recorded = [
+        (np.multiply, (((4, 3), f32), ((4, 1), f32))),
+        (np.add, (((256, 256), f32), ((256,), f32))),
+        (np.less, (((3,), f32), ((2, 1), f32))),
+        (np.equal, (((6, 1), i64), ((5,), i64))),  # a one-hot's compare
+    ]
+    got = W._broadcasts_ms(recorded)
+    assert got == pytest.approx({"broadcasts_ms": 4.0, "broadcasts_whole_ms": 4.0})
+    shapes = [tuple(x.shape for x in fn.args) for fn, _ in timed]
+    assert shapes == [
+        ((4, 3), (4, 1)),
+        ((4, 3), (4, 3)),
+        ((256, 256), (256,)),
+        ((256, 256), (256, 256)),
+        ((3,), (2, 1)),
+        ((2, 3), (2, 3)),
+        ((6, 1), (5,)),
+        ((6, 5), (6, 5)),
+    ]
+    assert [repeats for _, repeats in timed] == [200, 200, 5, 5, 200, 200, 200, 200]
+    dtypes = [tuple(x.dtype for x in fn.args) for fn, _ in timed]
+    assert dtypes == [
+        tuple(dtype for _, dtype in operands) for _, operands in recorded for _ in "ab"
+    ]
+    outs = [(fn.keywords["out"].shape, fn.keywords["out"].dtype) for fn, _ in timed]
+    assert (
+        outs[::2]
+        == outs[1::2]
+        == [((4, 3), f32), ((256, 256), f32), ((2, 3), np.dtype(bool)), ((6, 5), np.dtype(bool))]
+    )
+    assert [fn.func for fn, _ in timed[::2]] == [np.multiply, np.add, np.less, np.equal]
+
+
+def test_where_time_goes_report_prints_the_floor_and_the_broadcasts(monkeypatch):
+    """The report's lines: each engine's step and parts, the floor's sum, the broadcasts'
+    two times and the products where the step makes them."""
+    from benchmarks import where_time_goes as W
+
+    asked = []
+    engine = {"step": 1.0, "instrumented": 1.1, "parts": {"linear": 0.5, "loss": 0.25}}
+    monkeypatch.setattr(W, "engine_parts", lambda n, s: asked.append(("engine", n, s)) or engine)
+    reference = {"step": 3.0, "parts": {"matmul": 1.0}}
+    monkeypatch.setattr(W, "torch_parts", lambda n, s: asked.append(("torch", n, s)) or reference)
+    low = {
+        "products": 5,
+        "matmul": 0.2,
+        "passes": 0.1,
+        "optimizer": 0.05,
+        "calls": 40,
+        "call_us": 0.9,
+        "calls_ms": 0.036,
+        "broadcasts": 7,
+        "broadcasts_ms": 0.02,
+        "broadcasts_whole_ms": 0.008,
+        "matmul_by_kind": {"2-D": 0.15, "batched": 0.05},
+        "in_step_by_kind": {"2-D": 0.18, "batched": 0.07},
+    }
+    monkeypatch.setattr(W, "floor", lambda n: asked.append(("floor", n)) or low)
+    lines = W.report("copy", 5).splitlines()
+    assert asked == [("engine", "copy", 5), ("torch", "copy", 5), ("floor", "copy")]
+    assert lines[:3] == [
+        "copy: engine 1.00 ms a step, torch 3.00 ms (each alone, median of 5)",
+        "  engine, by part (own time, ms, of 1.10 instrumented): linear 0.50, loss 0.25",
+        "  torch, by part (own time, ms; forward and backward profiled): matmul 1.00",
+    ]
+    assert lines[3] == (
+        "  floor: 5 products alone 0.20 ms + one pass over each output 0.10 + the optimizer's "
+        "four vectors once 0.05 = 0.35 ms; 40 NumPy calls at 0.90 us (the cheapest call) "
+        "0.04 ms more"
+    )
+    assert lines[4] == (
+        "  7 of the calls spread an operand over rows (a bias, a row's mean): 0.02 ms alone, "
+        "0.01 ms with each operand at the whole shape"
+    )
+    assert lines[5].endswith("2-D 0.18 ms against 0.15 alone, batched 0.07 ms against 0.05 alone")
 
 
 def test_where_time_goes_names_the_blas_and_processor_before_its_reports(monkeypatch, capsys):
