@@ -22,13 +22,13 @@ BLAS and torch on N threads; NumPy's elementwise passes stay on one core):
   added to every row, a row's mean taken from each entry) are timed alone, as the step
   makes them and with every operand spread to the whole shape first: NumPy runs a
   broadcast one short row at a time, and the difference is what that costs, the most a
-  layout of the arrays without such broadcasts could save on them. The same products are then timed
-  where the step makes them, one by one in a step on call_count's counted arrays, the 2-D
-  ones (linear layers, head, embedding) apart from the batched ones (attention's): there
-  their operands are wherever the step left them, in cache or not, and laid out as the
-  step has them (views, transposed operands, `out=`), where alone they are fresh contiguous
-  arrays, in cache after the first of five runs. The difference is the step's, not an
-  overhead (docs/performance.md, section 4, splits it on the Zen 5).
+  layout of the arrays without such broadcasts could save on them. The same products are
+  then timed where the step makes them, one by one in a step on call_count's counted
+  arrays, the 2-D ones (linear layers, head, embedding) apart from the batched ones
+  (attention's): there their operands are wherever the step left them, in cache or not,
+  and laid out as the step has them (views, transposed operands, `out=`), where alone they
+  are fresh contiguous arrays, in cache after the first of five runs. The difference is
+  the step's, not an overhead (docs/performance.md, section 4, splits it on the Zen 5).
 
     python -m benchmarks.where_time_goes copy char-lm large gpt2
     python -m benchmarks.where_time_goes large --threads 2

@@ -867,8 +867,8 @@ def test_call_count_counts_each_call_from_the_callers_side_once():
 
 def test_call_count_records_the_calls_that_spread_an_operand_over_rows():
     """A binary ufunc call with an array operand of more than one number and less than the
-    whole shape is a broadcast, recorded with its operands' shapes and dtypes (a scalar as
-    itself); a scalar, an array of one number, equal shapes and a product are not."""
+    whole shape is a broadcast, recorded with its operands' shapes and dtypes; a scalar, an
+    array of one number, equal shapes and a product are not."""
     import numpy as np
 
     from benchmarks.call_count import Counted
