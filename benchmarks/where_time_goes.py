@@ -29,6 +29,18 @@ BLAS and torch on N threads; NumPy's elementwise passes stay on one core):
   and laid out as the step has them (views, transposed operands, `out=`), where alone they
   are fresh contiguous arrays, in cache after the first of five runs. The difference is
   the step's, not an overhead (docs/performance.md, section 4, splits it on the Zen 5).
+- **the bar** (one thread only): the speed issue's bar for the workload (BARS: engine /
+  torch step) set against the two steps alone, each split in two parts, its products and
+  the rest. The engine's products are those timed where the step makes them; torch's, its
+  profile's matmul. torch_reference's attention multiplies inside its fused
+  `scaled_dot_product_attention`, whose time its profile counts as attention, so for its
+  workloads the engine's attention products count in the engine's rest too, and only its
+  2-D ones against torch's matmul; transformers' eager attention multiplies with matmul,
+  so for gpt2 all of them do. Where the step is over the bar, it prints what the bar asks
+  of each part with the other as it is: the products in the step at what multiple of
+  their time alone, or the rest shorter by what share. The bench's ratio is of steps
+  taken in alternation, where the engine's reads higher than alone (docs/performance.md,
+  section 1, "Noise"): a step within the bar here may not be in the bench.
 
     python -m benchmarks.where_time_goes copy char-lm large gpt2
     python -m benchmarks.where_time_goes large --threads 2
@@ -345,7 +357,62 @@ def _ms(fn, *args) -> float:
     return 1e3 * workloads.timed(fn, *args)[0]
 
 
-def report(name: str, steps: int) -> str:
+# the speed issue's bars (issue 14): the engine's step over torch's, one thread
+BARS = {"copy": 0.30, "char-lm": 0.80, "large": 1.00, gpt2.WORKLOAD: 1.00}
+
+
+def bar_accounting(name: str, bar: float, engine: dict, reference: dict, low: dict) -> dict:
+    """Each step alone (ms) split into its products and the rest, and what bar (the
+    engine's step over torch's) asks of each part with the other as it is."""
+    kinds = KINDS if name == gpt2.WORKLOAD else ("2-D",)  # the module docstring says why
+    in_step = sum(low["in_step_by_kind"][kind] for kind in kinds)
+    alone = sum(low["matmul_by_kind"][kind] for kind in kinds)
+    rest = engine["step"] - in_step
+    bar_step = bar * reference["step"]
+    return {
+        "kinds": kinds,
+        "bar_step": bar_step,
+        "products": in_step,
+        "products_alone": alone,
+        "rest": rest,
+        "torch_matmul": reference["parts"].get("matmul", 0.0),
+        "met": engine["step"] <= bar_step,
+        "products_asked": bar_step - rest,  # with the rest as it is; under 0: none would do
+        "rest_asked": bar_step - in_step,  # with the products as they are
+    }
+
+
+def _bar_lines(name: str, bar: float, engine: dict, reference: dict, low: dict) -> list[str]:
+    a = bar_accounting(name, bar, engine, reference, low)
+    kinds = "all its" if len(a["kinds"]) > 1 else "its 2-D"
+    torch_rest = reference["step"] - a["torch_matmul"]
+    split = (
+        f"  the bar, {bar:.2f} of torch's step: {a['bar_step']:.2f} ms; {kinds} products "
+        f"{a['products']:.2f} ms in the step ({a['products_alone']:.2f} alone) and the rest "
+        f"{a['rest']:.2f}, against torch's matmul {a['torch_matmul']:.2f} and rest "
+        f"{torch_rest:.2f} (each step alone)"
+    )
+    if a["met"]:
+        return [f"{split}: the engine's {engine['step']:.2f} ms is within it"]
+    asked_products, asked_rest = a["products_asked"], a["rest_asked"]
+    products = (
+        f"with the rest as it is, the products would have to take {asked_products:.2f} ms, "
+        f"{asked_products / a['products_alone']:.2f}x their time alone"
+        if asked_products > 0
+        else f"the rest alone is {-asked_products:.2f} ms over it"
+    )
+    rest = (  # over the bar, asked_rest < a["rest"]: a share between 0 and 1
+        f"with the products as they are, the rest would have to take {asked_rest:.2f} ms, "
+        f"{1 - asked_rest / a['rest']:.0%} less"
+        if asked_rest > 0
+        else f"the products alone are {-asked_rest:.2f} ms over it"
+    )
+    over = engine["step"] - a["bar_step"]
+    return [split, f"    over it by {over:.2f} ms: {products}; {rest}"]
+
+
+def report(name: str, steps: int, bar: float | None = None) -> str:
+    """The workload's lines; with bar (the engine's step over torch's), what it asks."""
     engine, reference, low = engine_parts(name, steps), torch_parts(name, steps), floor(name)
     lines = [
         f"{name}: engine {engine['step']:.2f} ms a step, torch {reference['step']:.2f} ms "
@@ -369,6 +436,8 @@ def report(name: str, steps: int) -> str:
             for kind, in_step in low["in_step_by_kind"].items()
         ),
     ]
+    if bar is not None:
+        lines += _bar_lines(name, bar, engine, reference, low)
     return "\n".join(lines)
 
 
@@ -414,7 +483,8 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         for name in args.configs or default:
-            print(report(name, steps=STEPS.get(name, 50)), flush=True)
+            bar = BARS.get(name) if args.threads == 1 else None  # the bars are one thread's
+            print(report(name, steps=STEPS.get(name, 50), bar=bar), flush=True)
 
 
 if __name__ == "__main__":

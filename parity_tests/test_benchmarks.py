@@ -1104,6 +1104,99 @@ def test_where_time_goes_report_prints_the_floor_and_the_broadcasts(monkeypatch)
         "0.01 ms with each operand at the whole shape"
     )
     assert lines[5].endswith("2-D 0.18 ms against 0.15 alone, batched 0.07 ms against 0.05 alone")
+    assert len(lines) == 6  # no bar given: no bar's lines
+    with_bar = W.report("copy", 5, bar=0.25).splitlines()
+    assert with_bar[:6] == lines
+    assert with_bar[6:] == W._bar_lines("copy", 0.25, engine, reference, low)
+    assert len(with_bar) == 8  # 1.00 ms over a 0.75 ms bar: the split and what it asks
+
+
+# The forty-third session's Intel profiles (docs/performance.md, section 4), in ms: each step
+# alone, torch's matmul, the products in the step and alone by kind. Its table was worked out
+# by hand; bar_accounting must give the same.
+INTEL_CHAR_LM = (
+    {"step": 14.31},
+    {"step": 16.18, "parts": {"matmul": 7.25, "attention": 1.96}},
+    {
+        "in_step_by_kind": {"2-D": 7.51, "batched": 1.22},
+        "matmul_by_kind": {"2-D": 6.24, "batched": 0.59},
+    },
+)
+INTEL_GPT2 = (
+    {"step": 1817.73},
+    {"step": 2118.85, "parts": {"matmul": 1145.45}},
+    {
+        "in_step_by_kind": {"2-D": 1283.94, "batched": 23.47},
+        "matmul_by_kind": {"2-D": 1168.43, "batched": 10.40},
+    },
+)
+
+
+def test_where_time_goes_bar_accounting_splits_each_step_as_the_intel_table_did():
+    """torch_reference's workloads set the engine's 2-D products against torch's matmul
+    (attention's batched ones are in each side's rest); gpt2 sets all of them (transformers'
+    attention multiplies with matmul)."""
+    from benchmarks import where_time_goes as W
+
+    a = W.bar_accounting("char-lm", 0.80, *INTEL_CHAR_LM)
+    assert a["kinds"] == ("2-D",) and not a["met"]
+    assert a["bar_step"] == pytest.approx(12.944)  # 0.80 x 16.18
+    assert (a["products"], a["products_alone"]) == (7.51, 6.24)
+    assert a["rest"] == pytest.approx(6.80)  # 14.31 - 7.51
+    assert a["torch_matmul"] == 7.25
+    assert a["products_asked"] == pytest.approx(6.144)  # the table's 6.14 ms, 0.98x alone
+    assert a["rest_asked"] == pytest.approx(5.434)  # the table's 5.43 ms, a fifth less
+    g = W.bar_accounting("gpt2", 0.80, *INTEL_GPT2)
+    assert g["kinds"] == ("2-D", "batched")
+    assert g["products"] == pytest.approx(1307.41) and g["rest"] == pytest.approx(510.32)
+    assert g["products_alone"] == pytest.approx(1178.83)
+    assert g["products_asked"] == pytest.approx(1184.76)  # the table's, 1.005x alone
+    assert g["rest_asked"] == pytest.approx(387.67)
+    assert W.bar_accounting("gpt2", 1.00, *INTEL_GPT2)["met"]
+    engine, reference, low = INTEL_GPT2
+    exactly = W.bar_accounting("gpt2", engine["step"] / reference["step"], *INTEL_GPT2)
+    assert exactly["met"]  # a step at the bar is within it
+
+
+def test_where_time_goes_bar_lines_say_what_the_bar_asks_of_each_part():
+    from benchmarks import where_time_goes as W
+
+    split = (
+        "  the bar, 0.80 of torch's step: 12.94 ms; its 2-D products 7.51 ms in the step "
+        "(6.24 alone) and the rest 6.80, against torch's matmul 7.25 and rest 8.93 "
+        "(each step alone)"
+    )
+    assert W._bar_lines("char-lm", 0.80, *INTEL_CHAR_LM) == [
+        split,
+        "    over it by 1.37 ms: with the rest as it is, the products would have to take "
+        "6.14 ms, 0.98x their time alone; with the products as they are, the rest would have "
+        "to take 5.43 ms, 20% less",
+    ]
+    assert W._bar_lines("gpt2", 1.00, *INTEL_GPT2) == [
+        "  the bar, 1.00 of torch's step: 2118.85 ms; all its products 1307.41 ms in the step "
+        "(1178.83 alone) and the rest 510.32, against torch's matmul 1145.45 and rest 973.40 "
+        "(each step alone): the engine's 1817.73 ms is within it"
+    ]
+    # a bar under the products alone (7.51 ms) but over the rest (6.80): 0.44 x 16.18 = 7.12
+    assert W._bar_lines("char-lm", 0.44, *INTEL_CHAR_LM)[1] == (
+        "    over it by 7.19 ms: with the rest as it is, the products would have to take "
+        "0.32 ms, 0.05x their time alone; the products alone are 0.39 ms over it"
+    )
+    # copy's rest (1.08 ms) is the larger part: a bar of 0.37 ms is under it alone
+    copy = (
+        {"step": 1.25},
+        {"step": 3.68, "parts": {"matmul": 0.30}},
+        {"in_step_by_kind": {"2-D": 0.17}, "matmul_by_kind": {"2-D": 0.11}},
+    )
+    assert W._bar_lines("copy", 0.10, *copy)[1] == (
+        "    over it by 0.88 ms: the rest alone is 0.71 ms over it; with the products as they "
+        "are, the rest would have to take 0.20 ms, 82% less"
+    )
+    # under both parts alone
+    assert W._bar_lines("char-lm", 0.30, *INTEL_CHAR_LM)[1] == (
+        "    over it by 9.46 ms: the rest alone is 1.95 ms over it; the products alone are "
+        "2.66 ms over it"
+    )
 
 
 def test_where_time_goes_names_the_blas_and_processor_before_its_reports(monkeypatch, capsys):
@@ -1113,14 +1206,18 @@ def test_where_time_goes_names_the_blas_and_processor_before_its_reports(monkeyp
     from benchmarks import workloads
 
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the worker's stays as it is
-    monkeypatch.setattr(W, "report", lambda name, steps: f"report of {name}, {steps} steps")
+    monkeypatch.setattr(
+        W, "report", lambda name, steps, bar: f"report of {name}, {steps} steps, bar {bar}"
+    )
     monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
     monkeypatch.setattr(workloads, "numpy_blas", lambda: "openblas (SkylakeX)")
-    W.main(["copy", "large"])
+    W.main(["copy", "large", "char-lm", "gpt2"])
     assert capsys.readouterr().out.splitlines() == [
         "one thread; NumPy's BLAS openblas (SkylakeX); Some CPU, 2 cores",
-        "report of copy, 50 steps",
-        "report of large, 4 steps",
+        "report of copy, 50 steps, bar 0.3",  # the speed issue's bars
+        "report of large, 4 steps, bar 1.0",
+        "report of char-lm, 50 steps, bar 0.8",
+        "report of gpt2, 3 steps, bar 1.0",
     ]
 
 
@@ -1131,13 +1228,13 @@ def test_where_time_goes_sets_the_threads_it_is_given(monkeypatch, capsys):
     from benchmarks import workloads
 
     asked = recorded_thread_settings(monkeypatch)
-    monkeypatch.setattr(W, "report", lambda name, steps: f"report of {name}")
+    monkeypatch.setattr(W, "report", lambda name, steps, bar: f"report of {name}, bar {bar}")
     monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
     monkeypatch.setattr(workloads, "numpy_blas", lambda: "openblas (Haswell)")
     W.main(["char-lm", "--threads", "2"])
     assert capsys.readouterr().out.splitlines() == [
         "2 threads; NumPy's BLAS openblas (Haswell); Some CPU, 2 cores",
-        "report of char-lm",
+        "report of char-lm, bar None",  # the bars are one thread's
     ]
     assert asked == {"torch": [2], "blas": [2], "memory kept": [True]}
 
