@@ -375,9 +375,9 @@ def bar_accounting(name: str, bar: float, engine: dict, reference: dict, low: di
         "products": in_step,
         "products_alone": alone,
         "rest": rest,
-        "torch_matmul": reference["parts"].get("matmul", 0.0),
+        "torch_matmul": reference["parts"]["matmul"],
         "met": engine["step"] <= bar_step,
-        "products_asked": bar_step - rest,  # with the rest as it is; under 0: none would do
+        "products_asked": bar_step - rest,  # with the rest as it is; 0 or under: none would do
         "rest_asked": bar_step - in_step,  # with the products as they are
     }
 
@@ -399,13 +399,13 @@ def _bar_lines(name: str, bar: float, engine: dict, reference: dict, low: dict) 
         f"with the rest as it is, the products would have to take {asked_products:.2f} ms, "
         f"{asked_products / a['products_alone']:.2f}x their time alone"
         if asked_products > 0
-        else f"the rest alone is {-asked_products:.2f} ms over it"
+        else f"the rest alone, {a['rest']:.2f} ms, leaves the products no time"
     )
     rest = (  # over the bar, asked_rest < a["rest"]: a share between 0 and 1
         f"with the products as they are, the rest would have to take {asked_rest:.2f} ms, "
         f"{1 - asked_rest / a['rest']:.0%} less"
         if asked_rest > 0
-        else f"the products alone are {-asked_rest:.2f} ms over it"
+        else f"the products alone, {a['products']:.2f} ms, leave the rest no time"
     )
     over = engine["step"] - a["bar_step"]
     return [split, f"    over it by {over:.2f} ms: {products}; {rest}"]

@@ -1180,7 +1180,7 @@ def test_where_time_goes_bar_lines_say_what_the_bar_asks_of_each_part():
     # a bar under the products alone (7.51 ms) but over the rest (6.80): 0.44 x 16.18 = 7.12
     assert W._bar_lines("char-lm", 0.44, *INTEL_CHAR_LM)[1] == (
         "    over it by 7.19 ms: with the rest as it is, the products would have to take "
-        "0.32 ms, 0.05x their time alone; the products alone are 0.39 ms over it"
+        "0.32 ms, 0.05x their time alone; the products alone, 7.51 ms, leave the rest no time"
     )
     # copy's rest (1.08 ms) is the larger part: a bar of 0.37 ms is under it alone
     copy = (
@@ -1189,14 +1189,24 @@ def test_where_time_goes_bar_lines_say_what_the_bar_asks_of_each_part():
         {"in_step_by_kind": {"2-D": 0.17}, "matmul_by_kind": {"2-D": 0.11}},
     )
     assert W._bar_lines("copy", 0.10, *copy)[1] == (
-        "    over it by 0.88 ms: the rest alone is 0.71 ms over it; with the products as they "
-        "are, the rest would have to take 0.20 ms, 82% less"
+        "    over it by 0.88 ms: the rest alone, 1.08 ms, leaves the products no time; with the "
+        "products as they are, the rest would have to take 0.20 ms, 82% less"
     )
     # under both parts alone
     assert W._bar_lines("char-lm", 0.30, *INTEL_CHAR_LM)[1] == (
-        "    over it by 9.46 ms: the rest alone is 1.95 ms over it; the products alone are "
-        "2.66 ms over it"
+        "    over it by 9.46 ms: the rest alone, 6.80 ms, leaves the products no time; the "
+        "products alone, 7.51 ms, leave the rest no time"
     )
+    # a part that takes exactly the bar's time (1.0 ms: exact in binary) leaves the other none
+    for products, named in ((2.0, "the rest alone, 1.00"), (1.0, "the products alone, 1.00")):
+        exact = (
+            {"step": 3.0},
+            {"step": 4.0, "parts": {"matmul": 1.0}},
+            {"in_step_by_kind": {"2-D": products}, "matmul_by_kind": {"2-D": 0.5}},
+        )
+        over = W._bar_lines("copy", 0.25, *exact)[1]
+        assert over.startswith("    over it by 2.00 ms: the rest alone, ")
+        assert named in over and "would have to take" not in over
 
 
 def test_where_time_goes_names_the_blas_and_processor_before_its_reports(monkeypatch, capsys):
