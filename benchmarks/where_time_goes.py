@@ -395,20 +395,20 @@ def _bar_lines(name: str, bar: float, engine: dict, reference: dict, low: dict) 
     if a["met"]:
         return [f"{split}: the engine's {engine['step']:.2f} ms is within it"]
     asked_products, asked_rest = a["products_asked"], a["rest_asked"]
-    products = (
+    of_products = (
         f"with the rest as it is, the products would have to take {asked_products:.2f} ms, "
         f"{asked_products / a['products_alone']:.2f}x their time alone"
         if asked_products > 0
         else f"the rest alone, {a['rest']:.2f} ms, leaves the products no time"
     )
-    rest = (  # over the bar, asked_rest < a["rest"]: a share between 0 and 1
+    of_rest = (  # over the bar, asked_rest < a["rest"]: a share between 0 and 1
         f"with the products as they are, the rest would have to take {asked_rest:.2f} ms, "
         f"{1 - asked_rest / a['rest']:.0%} less"
         if asked_rest > 0
         else f"the products alone, {a['products']:.2f} ms, leave the rest no time"
     )
     over = engine["step"] - a["bar_step"]
-    return [split, f"    over it by {over:.2f} ms: {products}; {rest}"]
+    return [split, f"    over it by {over:.2f} ms: {of_products}; {of_rest}"]
 
 
 def report(name: str, steps: int, bar: float | None = None) -> str:
