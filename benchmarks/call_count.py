@@ -81,8 +81,8 @@ class Counted(np.ndarray):
         inputs = tuple(_plain(x) for x in inputs)
         if ufunc is np.matmul and method == "__call__":
             Counted._note_product(*inputs)
-        elif ufunc.nin == 2 and method == "__call__":
-            Counted._note_broadcast(ufunc, inputs)
+        elif ufunc.nin == 2 and ufunc.signature is None and method == "__call__":
+            Counted._note_broadcast(ufunc, inputs)  # elementwise: not vecdot's core axes
         if out is not None:
             kwargs["out"] = tuple(_plain(x) for x in out)
         result = Counted._count(
