@@ -356,8 +356,10 @@ def test_step_with_max_grad_norm_equals_clip_then_step(kind):
     kind=st.sampled_from(["sgd", "adam", "adamw"]),
     seed=seeds,
 )
-# blocks of 3: 15..18 spans b and e; of 14: 0..14 spans w and b, the last, 14..26 (short), b and e
+# blocks of 3: 15..18 spans b and e; of 14: 0..14 spans w and b, the last, 14..26 (short), b and e;
+# of 13: 13..26 takes b from its second entry to its end, then all of e
 @example(block_entries=3, gather_whole=False, max_norm=None, kind="adam", seed=0)
+@example(block_entries=13, gather_whole=False, max_norm=0.5, kind="adam", seed=0)
 @example(block_entries=14, gather_whole=False, max_norm=0.5, kind="adamw", seed=0)
 @example(block_entries=14, gather_whole=True, max_norm=0.5, kind="sgd", seed=0)
 def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
