@@ -109,7 +109,8 @@ def test_adam_matches_torch(lr, beta2, weight_decay, seed):
     assert_state_matches(*run[:4], ["exp_avg", "exp_avg_sq"])
 
 
-@given(lr=learning_rates, weight_decay=st.sampled_from([0.01, 0.1]), seed=seeds)
+@given(lr=learning_rates, weight_decay=st.sampled_from([0.0, 0.01, 0.1]), seed=seeds)
+@example(lr=1e-3, weight_decay=0.0, seed=0)  # no decay: the step skips its pass
 def test_adamw_matches_torch_with_its_decoupled_decay(lr, weight_decay, seed):
     run = run_both(
         lambda p: AdamW(p, lr=lr, weight_decay=weight_decay),
