@@ -70,6 +70,19 @@ def recorded_thread_settings(monkeypatch) -> dict[str, list]:
     return asked
 
 
+def known_step_times(monkeypatch, calls: list, seconds: dict) -> None:
+    """workloads.timed replaced: a step runs, and its side's k-th step 'takes' seconds[side][k],
+    the side read from the (side, batch) that the step appended to calls."""
+    from benchmarks import workloads
+
+    def timed(fn, i):
+        result = fn(i)
+        side = calls[-1][0]
+        return seconds[side][sum(name == side for name, _ in calls) - 1], result
+
+    monkeypatch.setattr(workloads, "timed", timed)
+
+
 def record_count(event: str) -> None:
     COUNTS[event] = COUNTS.get(event, 0) + 1
 

@@ -186,7 +186,7 @@ def test_a_damaged_checkpoint_is_refused_by_name(trained, tmp_path):
 
 def test_export_loads_into_torch_reference_weights_only_and_strict(trained, tmp_path, capsys):
     """In-process: `numpy-engine export` and `import` hand their arguments to crosscheck's
-    main (test_parity_report and test_benchmarks run that hand-over end to end)."""
+    main (test_parity_report and test_bench run that hand-over end to end)."""
     from crosscheck.cli import main as crosscheck_main
 
     pt = tmp_path / "model.pt"
