@@ -399,14 +399,22 @@ def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
             np.testing.assert_array_equal(grads[key], value)
 
 
-def test_a_block_ending_inside_a_one_row_array_gathers_every_array_it_spans():
-    """Blocks of 5 over a (3,), a (1, 4) and a (2,): 0..5 spans the first two and ends in the
-    one-row array, 5..9 starts in it; the dict steps to the flat gradient's bits."""
-    shapes = {"a": (3,), "row": (1, 4), "z": (2,)}
+@pytest.mark.parametrize(
+    "shapes, block_entries",
+    [
+        ({"a": (3,), "row": (1, 4), "z": (2,)}, 5),  # 0..5 ends in the row, 5..9 starts in it
+        # the third array has as many entries as its index (2): 0..6 ends after its first
+        ({"a": (3,), "z": (2,), "row": (1, 2)}, 6),
+    ],
+)
+def test_a_block_ending_inside_a_one_row_array_gathers_every_array_it_spans(shapes, block_entries):
+    """Blocks that span the first arrays and end inside a one-row array, and the blocks after
+    them: the dict steps to the flat gradient's bits."""
     rng = np.random.default_rng(0)
     flat = flatten({key: rng.standard_normal(shape) for key, shape in shapes.items()})
     params, twin = unflatten(flat, {k: np.empty(s) for k, s in shapes.items()}), flat.copy()
-    with mock.patch.multiple(optim, BLOCK_BYTES=8 * 5, GATHER_WHOLE_BLOCKS=1):  # block by block
+    blocks = dict(BLOCK_BYTES=8 * block_entries, GATHER_WHOLE_BLOCKS=1)  # block by block
+    with mock.patch.multiple(optim, **blocks):
         from_dict, from_flat = Adam(params, lr=0.01), Adam(unflatten(twin, params), lr=0.01)
     grads = {key: rng.standard_normal(shape) for key, shape in shapes.items()}
     from_dict.step(flat, grads)
