@@ -97,8 +97,6 @@ def test_matmul_floor_lists_every_flop_of_the_step(name):
 def alternated(threads: int, pairs: int, monkeypatch, seconds=lambda i: 0.04) -> tuple:
     """The calls workloads.alternate makes of two recording sides, the step on batch i
     'taking' seconds(i)."""
-    from benchmarks import workloads
-
     monkeypatch.setattr(workloads, "timed", lambda fn, i: (seconds(i), fn(i)))
     calls = []
     sides = tuple(lambda i, name=name: calls.append(f"{name}{i}") or i for name in "et")

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import gpt2
 from parity_tests.helpers import known_step_times
 
 
 def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
     """Three decimals, as the bench's table: the GPT-2 issue's bar is 0.80."""
-    from benchmarks import gpt2
-
     result = dict(engine_ms=1764.2, torch_ms=1866.0, ratio=0.8049, ratio_middle_half=(0.9, 0.98))
     result |= dict(pairs=20, engine_tokens_per_s=25.8, torch_tokens_per_s=23.8, same_tokens=True)
     result |= dict(processor="AMD EPYC, 2 cores", blas="openblas (SkylakeX)")  # as run() has
@@ -42,7 +41,6 @@ def test_gpt2_benchmark_line_prints_the_ratio_with_its_pairs_middle_half():
 def small_gpt2_benchmark(monkeypatch):
     """benchmarks.gpt2 with a GPT-2 of 64 tokens, 8 wide and one layer deep: its steps and
     decoding take milliseconds, where the 124M model's take seconds."""
-    from benchmarks import gpt2
     from numpy_engine.models import GPT2, GPT2Config
 
     config = GPT2Config(vocab_size=64, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=128)
@@ -54,7 +52,6 @@ def recorded_gpt2_steps(monkeypatch, seconds: dict, engine_loss_shift: float = 0
     """small_gpt2_benchmark whose trainers record (side, batch) for each step they take, the
     engine's loss shifted by engine_loss_shift; the k-th step of a side 'takes'
     seconds[side][k] (workloads.timed replaced)."""
-
     gpt2 = small_gpt2_benchmark(monkeypatch)
     calls = []
     for side, trainer in (("engine", gpt2.EngineTrainer), ("torch", gpt2.TorchTrainer)):
@@ -121,7 +118,6 @@ def test_gpt2_benchmark_generates_the_same_greedy_tokens_on_both_sides(monkeypat
 
 def test_gpt2_benchmark_names_the_decoding_path_its_process_chose(monkeypatch):
     """The name of whichever path layers.FEW_ROW_PATHS' one-row entry chose; None before."""
-    from benchmarks import gpt2
     from numpy_engine import layers
     from numpy_engine.faster import FasterOfTwo
 
@@ -140,8 +136,6 @@ def test_gpt2_benchmark_run_measures_on_the_threads_asked_for(monkeypatch):
     import contextlib
 
     import torch
-
-    from benchmarks import gpt2
 
     asked = []
 
@@ -189,8 +183,6 @@ def test_gpt2_memory_probe_runs_each_side_in_a_fresh_process_on_its_threads(monk
     it prints is the peak."""
     import subprocess
     import sys
-
-    from benchmarks import gpt2
 
     runs = []
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks import workloads
+from benchmarks.call_count import Counted
 
 
 def test_call_count_counts_each_call_from_the_callers_side_once():
     """Operators, in-place operators, reductions, matmul, NumPy functions and indexing each
     count once; np.where's inner calls do not; views and attributes do not. `.mean()`, a
     method NumPy writes in Python, counts as the two ufunc calls it makes."""
-
-    from benchmarks.call_count import Counted
-
     a = np.arange(6.0).reshape(2, 3).view(Counted)
     Counted.calls.clear()
     Counted.products.clear()
@@ -48,9 +46,6 @@ def test_call_count_records_the_calls_that_spread_an_operand_over_rows():
     whole shape is a broadcast, recorded with its operands' shapes and dtypes; a scalar, an
     array of one number, equal shapes, a product and a vecdot (a gufunc: its rows are its
     core axes, not spread) are not."""
-
-    from benchmarks.call_count import Counted
-
     f64 = np.dtype(np.float64)
     a = np.ones((2, 3)).view(Counted)
     row, one = np.ones(3).view(Counted), np.ones((1, 1)).view(Counted)
@@ -72,7 +67,6 @@ def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments()
     are Counted for the step; after it the optimizer holds plain arrays of the same memory,
     the engine's modules see NumPy itself, and a cached vector made during the step is
     plain (a cache keeps it for the steps after)."""
-
     from benchmarks.call_count import Counted, _holds_arrays, _views, calls_per_step
     from numpy_engine import attention, reductions
     from numpy_engine.attention import KeysValues

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks import where_time_goes as W
 from benchmarks import workloads
 from parity_tests.helpers import recorded_thread_settings
 
@@ -15,7 +16,6 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
     after), the parts and "between layers" make up the instrumented step, and the floor finds
     the step's 56 matrix products (3 per linear layer, 6 per attention, and the one-hot
     product of each embedding gradient, source and target) and its calls."""
-    from benchmarks import where_time_goes as W
     from numpy_engine import attention, layers, optim
 
     originals = (layers.linear_forward, attention.linear_forward, optim.Optimizer.step)
@@ -60,7 +60,6 @@ def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
     import itertools
 
     from benchmarks import call_count
-    from benchmarks import where_time_goes as W
 
     class Model:
         flat = np.zeros(6)
@@ -92,9 +91,6 @@ def test_where_time_goes_times_each_broadcast_as_made_and_with_whole_operands(mo
     """Each recorded broadcast is timed twice into an output of the whole shape: on arrays
     of its operands' shapes and dtypes, then on arrays of the whole shape; the best of 200
     calls, or of 5 past 64K entries."""
-
-    from benchmarks import where_time_goes as W
-
     timed = []
     monkeypatch.setattr(
         W, "best_seconds", lambda fn, repeats=5: timed.append((fn, repeats)) or 1e-3
@@ -136,8 +132,6 @@ def test_where_time_goes_times_each_broadcast_as_made_and_with_whole_operands(mo
 def test_where_time_goes_report_prints_the_floor_and_the_broadcasts(monkeypatch):
     """The report's lines: each engine's step and parts, the floor's sum, the broadcasts'
     two times and the products where the step makes them."""
-    from benchmarks import where_time_goes as W
-
     asked = []
     engine = {"step": 1.0, "instrumented": 1.1, "parts": {"linear": 0.5, "loss": 0.25}}
     monkeypatch.setattr(W, "engine_parts", lambda n, s: asked.append(("engine", n, s)) or engine)
@@ -207,8 +201,6 @@ def test_where_time_goes_bar_accounting_splits_each_step_as_the_intel_table_did(
     """torch_reference's workloads set the engine's 2-D products against torch's matmul
     (attention's batched ones are in each side's rest); gpt2 sets all of them (transformers'
     attention multiplies with matmul)."""
-    from benchmarks import where_time_goes as W
-
     a = W.bar_accounting("char-lm", 0.80, *INTEL_CHAR_LM)
     assert a["kinds"] == ("2-D",) and not a["met"]
     assert a["bar_step"] == pytest.approx(12.944)  # 0.80 x 16.18
@@ -230,8 +222,6 @@ def test_where_time_goes_bar_accounting_splits_each_step_as_the_intel_table_did(
 
 
 def test_where_time_goes_bar_lines_say_what_the_bar_asks_of_each_part():
-    from benchmarks import where_time_goes as W
-
     split = (
         "  the bar, 0.80 of torch's step: 12.94 ms; its 2-D products 7.51 ms in the step "
         "(6.24 alone) and the rest 6.80, against torch's matmul 7.25 and rest 8.93 "
@@ -283,8 +273,6 @@ def test_where_time_goes_bar_lines_say_what_the_bar_asks_of_each_part():
 def test_where_time_goes_names_the_blas_and_processor_before_its_reports(monkeypatch, capsys):
     import torch
 
-    from benchmarks import where_time_goes as W
-
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the worker's stays as it is
     monkeypatch.setattr(
         W, "report", lambda name, steps, bar: f"report of {name}, {steps} steps, bar {bar}"
@@ -304,8 +292,6 @@ def test_where_time_goes_names_the_blas_and_processor_before_its_reports(monkeyp
 def test_where_time_goes_sets_the_threads_it_is_given(monkeypatch, capsys):
     """--threads N: BLAS and torch take N threads while the reports run, and the first line
     says how many; freed memory is kept for the next step, as in the bench and in training."""
-    from benchmarks import where_time_goes as W
-
     asked = recorded_thread_settings(monkeypatch)
     monkeypatch.setattr(W, "report", lambda name, steps, bar: f"report of {name}, bar {bar}")
     monkeypatch.setattr(workloads, "processor_name", lambda: "Some CPU, 2 cores")
