@@ -134,8 +134,10 @@ def test_a_key_value_buffer_is_the_concatenation_and_refuses_to_overflow():
 
 def test_no_backward_through_past_keys_and_values():
     """past (and cross-attention's memory_kv) serve decoding: a backward through them would
-    have no input to return the past's gradient to, so it is refused."""
+    have no input to return the past's gradient to, so it is refused. A past of no positions
+    is no past: the same output, and a backward that gives the same gradients."""
     from numpy_engine.attention import (
+        KeysValues,
         cross_attention_backward,
         cross_attention_forward,
         keys_values,
@@ -153,6 +155,19 @@ def test_no_backward_through_past_keys_and_values():
     assert keys_values(cache).k.shape == (1, 2, 3, 2)  # two past positions and the new one
     with pytest.raises(ValueError, match="past keys and values"):
         self_attention_backward(out, cache)
+    empty = KeysValues(np.empty((1, 2, 0, 2)), np.empty((1, 2, 0, 2)))  # (B, H, 0, hs)
+    (out, cache), (plain, plain_cache) = (
+        self_attention_forward(x, p, 2, None, past=past) for past in (empty, None)
+    )
+    np.testing.assert_array_equal(out, plain)
+    dout = rng.standard_normal(out.shape)
+    (dx, grads), (plain_dx, plain_grads) = (
+        self_attention_backward(dout, c) for c in (cache, plain_cache)
+    )
+    np.testing.assert_array_equal(dx, plain_dx)
+    assert grads.keys() == plain_grads.keys()
+    for key, grad in grads.items():
+        np.testing.assert_array_equal(grad, plain_grads[key], err_msg=key)
     memory_kv, _ = memory_keys_values(x, p, 2)
     out, cache = cross_attention_forward(x, x, p, 2, None, memory_kv=memory_kv)
     with pytest.raises(ValueError, match="memory_kv"):
