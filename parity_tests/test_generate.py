@@ -128,6 +128,12 @@ def test_top_k_and_top_p_filter_the_distribution():
         next_token_probabilities(logits, 1.0, top_p=0.7), [[0.625, 0.375, 0, 0]]
     )
     np.testing.assert_allclose(next_token_probabilities(logits, 1.0, top_p=0.5), [[1.0, 0, 0, 0]])
+    # top_p 1 filters nothing, as transformers' top_p=1.0: not even tokens whose more likely
+    # ones' mass rounds to 1 (here 1 + 2e-22 is 1, so a filter would drop the last two)
+    tiny = np.array([[0.0, -50.0, -100.0]])
+    unfiltered = next_token_probabilities(tiny, 1.0)
+    assert (unfiltered > 0).all()
+    np.testing.assert_array_equal(next_token_probabilities(tiny, 1.0, top_p=1.0), unfiltered)
     hot = next_token_probabilities(logits, 100.0)
     assert np.ptp(hot) < 0.01  # a high temperature flattens the distribution
     cold = next_token_probabilities(logits + 1000.0, 0.5)  # exp(2000) would overflow
