@@ -541,6 +541,9 @@ def test_slices_cover_the_range_in_blocks_of_about_block_bytes():
     assert slices(6, 4, 12) == [slice(0, 3), slice(3, 6)]
     assert slices(3, 100, 12) == [slice(0, 1), slice(1, 2), slice(2, 3)]  # one item a block
     assert slices(10, 4, 12, whole_bytes=40) == [slice(0, 10)]  # all fits: one slice
+    assert len(slices(10, 4, 12, whole_bytes=39)) == 4  # a byte short of it: blocks
+    assert slices(10, 1, 4) == [slice(0, 4), slice(4, 8), slice(8, 10)]  # 1-byte items
+    assert slices(3, 0, 4) == [slice(0, 3)]  # items of no bytes (rows of width 0): one block
     assert slices(0, 4, 12) == [slice(0, 0)]  # nothing: one empty slice (it fits)
 
 
