@@ -129,7 +129,7 @@ def test_top_k_and_top_p_filter_the_distribution():
     )
     np.testing.assert_allclose(next_token_probabilities(logits, 1.0, top_p=0.5), [[1.0, 0, 0, 0]])
     # top_p 1 filters nothing, as transformers' top_p=1.0: not even tokens whose more likely
-    # ones' mass rounds to 1 (here 1 + 2e-22 is 1, so a filter would drop the last two)
+    # ones' mass rounds to 1 (here the first's, 1 / (1 + 2e-22): a filter would drop the others)
     tiny = np.array([[0.0, -50.0, -100.0]])
     unfiltered = next_token_probabilities(tiny, 1.0)
     assert (unfiltered > 0).all()

@@ -403,7 +403,8 @@ def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
     "shapes, block_entries",
     [
         ({"a": (3,), "row": (1, 4), "z": (2,)}, 5),  # 0..5 ends in the row, 5..9 starts in it
-        # the third array has as many entries as its index (2): 0..6 ends after its first
+        # 0..6 ends after the row's first entry; the row (array 2) has 2 entries, so a
+        # whole-array check that read the array's index for the block's end would take both
         ({"a": (3,), "z": (2,), "row": (1, 2)}, 6),
     ],
 )
