@@ -98,6 +98,11 @@ def test_greedy_decode_stops_at_eos_and_pads_finished_rows():
     script = np.array([[5, 2, 7, 7], [6, 8, 9, 2], [2, 4, 4, 4]])
     out = greedy_decode(ScriptedSeq2Seq(script), np.array([[4, 5, 6]] * 3), 4, use_cache=False)
     assert out.tolist() == [[5, EOS, PAD, PAD], [6, 8, 9, EOS], [EOS, PAD, PAD, PAD]]
+    # every row done after two steps: the steps not taken are PAD too
+    out = greedy_decode(
+        ScriptedSeq2Seq(script[[0, 2]]), np.array([[4, 5, 6]] * 2), 4, use_cache=False
+    )
+    assert out.tolist() == [[5, EOS, PAD, PAD], [EOS, PAD, PAD, PAD]]
 
 
 def test_greedy_decode_respects_max_new_tokens():
