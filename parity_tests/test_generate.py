@@ -98,11 +98,12 @@ def test_greedy_decode_stops_at_eos_and_pads_finished_rows():
     script = np.array([[5, 2, 7, 7], [6, 8, 9, 2], [2, 4, 4, 4]])
     out = greedy_decode(ScriptedSeq2Seq(script), np.array([[4, 5, 6]] * 3), 4, use_cache=False)
     assert out.tolist() == [[5, EOS, PAD, PAD], [6, 8, 9, EOS], [EOS, PAD, PAD, PAD]]
-    # every row done after two steps: the steps not taken are PAD too
-    out = greedy_decode(
-        ScriptedSeq2Seq(script[[0, 2]]), np.array([[4, 5, 6]] * 2), 4, use_cache=False
-    )
+    # every row done after two steps: decoding stops there (one token fed back), and the
+    # steps not taken are PAD too
+    copier = counting(ScriptedSeq2Seq(script[[0, 2]]))
+    out = greedy_decode(copier, np.array([[4, 5, 6]] * 2), 4, use_cache=False)
     assert out.tolist() == [[5, EOS, PAD, PAD], [EOS, PAD, PAD, PAD]]
+    assert copier.counted.appends == 1
 
 
 def test_greedy_decode_respects_max_new_tokens():
@@ -133,6 +134,14 @@ def test_top_k_and_top_p_filter_the_distribution():
         next_token_probabilities(logits, 1.0, top_p=0.7), [[0.625, 0.375, 0, 0]]
     )
     np.testing.assert_allclose(next_token_probabilities(logits, 1.0, top_p=0.5), [[1.0, 0, 0, 0]])
+    # top-k of the tempered logits: at temperature 1/2 the two kept are p^2, renormalized
+    kept = np.array([[0.25, 0.09, 0, 0]]) / 0.34
+    np.testing.assert_allclose(next_token_probabilities(logits, 0.5, top_k=2), kept)
+    every_token = next_token_probabilities(logits, 1.0)
+    for top_k in (4, 9):  # the whole vocabulary, or more: every token kept
+        np.testing.assert_array_equal(
+            next_token_probabilities(logits, 1.0, top_k=top_k), every_token
+        )
     # top_p 1 filters nothing, as transformers' top_p=1.0: not even tokens whose more likely
     # ones' mass rounds to 1 (here the first's, 1 / (1 + 2e-22): a filter would drop the others)
     tiny = np.array([[0.0, -50.0, -100.0]])
