@@ -134,6 +134,11 @@ def test_top_k_and_top_p_filter_the_distribution():
         next_token_probabilities(logits, 1.0, top_p=0.7), [[0.625, 0.375, 0, 0]]
     )
     np.testing.assert_allclose(next_token_probabilities(logits, 1.0, top_p=0.5), [[1.0, 0, 0, 0]])
+    # the same over logits in another order: tokens are ranked by probability, not place
+    backwards = logits[:, ::-1]
+    np.testing.assert_allclose(
+        next_token_probabilities(backwards, 1.0, top_p=0.7), [[0, 0, 0.375, 0.625]]
+    )
     # top-k of the tempered logits: at temperature 1/2 the two kept are p^2, renormalized
     kept = np.array([[0.25, 0.09, 0, 0]]) / 0.34
     np.testing.assert_allclose(next_token_probabilities(logits, 0.5, top_k=2), kept)
@@ -164,6 +169,10 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
     a = generate(model, prompt, 12, temperature=1.5, seed=4)
     np.testing.assert_array_equal(a, generate(model, prompt, 12, temperature=1.5, seed=4))
     assert not np.array_equal(a, generate(model, prompt, 12, temperature=1.5, seed=5))
+    # a draw keeps to top_p: of (0.5, 0.3, 0.15, 0.05), top_p 1/2 leaves the first alone
+    rows = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 100))
+    drawn = sample_next(rows, np.random.default_rng(0), temperature=1.0, top_p=0.5)
+    assert drawn.tolist() == [0] * 100
 
 
 def test_generation_slides_its_context_window_past_max_len():
