@@ -12,6 +12,8 @@ from numpy_engine.generate import generate, greedy_decode, next_token_probabilit
 from numpy_engine.models.base import RerunDecoder
 from numpy_engine.tasks import EOS, PAD
 
+PROBS = np.array([[0.5, 0.3, 0.15, 0.05]])  # one row of next-token probabilities, in order
+
 
 class ScriptedSeq2Seq(ne.Seq2SeqTransformer):
     """Emits a fixed script per row, so where decoding stops is known exactly."""
@@ -124,20 +126,20 @@ def test_greedy_decode_matches_argmax_of_the_full_forward():
     assert (logits.argmax(-1)[still_running] == out[still_running]).all()
 
 
-def test_top_k_and_top_p_filter_the_distribution():
-    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
-    np.testing.assert_allclose(next_token_probabilities(logits, 1.0), [[0.5, 0.3, 0.15, 0.05]])
+def test_temperature_sharpens_and_flattens_the_distribution():
+    logits = np.log(PROBS)
+    np.testing.assert_allclose(next_token_probabilities(logits, 1.0), PROBS)
+    hot = next_token_probabilities(logits, 100.0)
+    assert np.ptp(hot) < 0.01  # a high temperature flattens the distribution
+    cold = next_token_probabilities(logits + 1000.0, 0.5)  # exp(2000) would overflow
+    squared = PROBS**2  # temperature 1/2: p^2, renormalized
+    np.testing.assert_allclose(cold, squared / squared.sum())
+
+
+def test_top_k_keeps_the_k_most_likely_tokens():
+    logits = np.log(PROBS)
     np.testing.assert_allclose(
         next_token_probabilities(logits, 1.0, top_k=2), [[0.625, 0.375, 0, 0]]
-    )
-    np.testing.assert_allclose(
-        next_token_probabilities(logits, 1.0, top_p=0.7), [[0.625, 0.375, 0, 0]]
-    )
-    np.testing.assert_allclose(next_token_probabilities(logits, 1.0, top_p=0.5), [[1.0, 0, 0, 0]])
-    # the same over logits in another order: tokens are ranked by probability, not place
-    backwards = logits[:, ::-1]
-    np.testing.assert_allclose(
-        next_token_probabilities(backwards, 1.0, top_p=0.7), [[0, 0, 0.375, 0.625]]
     )
     # top-k of the tempered logits: at temperature 1/2 the two kept are p^2, renormalized
     kept = np.array([[0.25, 0.09, 0, 0]]) / 0.34
@@ -147,17 +149,25 @@ def test_top_k_and_top_p_filter_the_distribution():
         np.testing.assert_array_equal(
             next_token_probabilities(logits, 1.0, top_k=top_k), every_token
         )
+
+
+def test_top_p_keeps_the_most_likely_tokens_up_to_that_mass():
+    logits = np.log(PROBS)
+    np.testing.assert_allclose(
+        next_token_probabilities(logits, 1.0, top_p=0.7), [[0.625, 0.375, 0, 0]]
+    )
+    np.testing.assert_allclose(next_token_probabilities(logits, 1.0, top_p=0.5), [[1.0, 0, 0, 0]])
+    # the same over logits in another order: tokens are ranked by probability, not place
+    backwards = logits[:, ::-1]
+    np.testing.assert_allclose(
+        next_token_probabilities(backwards, 1.0, top_p=0.7), [[0, 0, 0.375, 0.625]]
+    )
     # top_p 1 filters nothing, as transformers' top_p=1.0: not even tokens whose more likely
     # ones' mass rounds to 1 (here the first's, 1 / (1 + 2e-22): a filter would drop the others)
     tiny = np.array([[0.0, -50.0, -100.0]])
     unfiltered = next_token_probabilities(tiny, 1.0)
     assert (unfiltered > 0).all()
     np.testing.assert_array_equal(next_token_probabilities(tiny, 1.0, top_p=1.0), unfiltered)
-    hot = next_token_probabilities(logits, 100.0)
-    assert np.ptp(hot) < 0.01  # a high temperature flattens the distribution
-    cold = next_token_probabilities(logits + 1000.0, 0.5)  # exp(2000) would overflow
-    squared = np.array([[0.5, 0.3, 0.15, 0.05]]) ** 2  # temperature 1/2: p^2, renormalized
-    np.testing.assert_allclose(cold, squared / squared.sum())
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy():
@@ -169,8 +179,8 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
     a = generate(model, prompt, 12, temperature=1.5, seed=4)
     np.testing.assert_array_equal(a, generate(model, prompt, 12, temperature=1.5, seed=4))
     assert not np.array_equal(a, generate(model, prompt, 12, temperature=1.5, seed=5))
-    # a draw keeps to top_p: of (0.5, 0.3, 0.15, 0.05), top_p 1/2 leaves the first alone
-    rows = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 100))
+    # a draw keeps to top_p: of PROBS, top_p 1/2 leaves the first alone
+    rows = np.log(np.repeat(PROBS, 100, axis=0))
     drawn = sample_next(rows, np.random.default_rng(0), temperature=1.0, top_p=0.5)
     assert drawn.tolist() == [0] * 100
 
