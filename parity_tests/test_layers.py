@@ -457,7 +457,7 @@ def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail, exp)
 
 @pytest.mark.parametrize("B, rows", [(5, 2), (2, 1)])
 @pytest.mark.parametrize("offset", [0.0, 100.0])
-@pytest.mark.parametrize("mask", ["causal", "padding", "per head", "none"])
+@pytest.mark.parametrize("mask", ["causal", "padding", "per head", "none", "cross"])
 @pytest.mark.parametrize("dropped", [False, True], ids=["", "dropout"])
 def test_attention_in_batch_groups_is_bit_identical_to_one_group(
     monkeypatch, dropped, mask, offset, B, rows
@@ -467,12 +467,14 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(
     same bits as one group, weights too. At offset 100 every score is near 100, so each
     group's softmax takes the textbook path (softmax_last), which must write its weights
     into the group's rows too. dropped: with a dropout mask on the weights, whose group
-    rows go with the scores'."""
+    rows go with the scores'. cross: three queries over four keys, as cross-attention has."""
     from numpy_engine import attention as A
     from numpy_engine.dropout import Dropout
 
     rng = rng_of(0)
-    q, k, v, dy = (rng.standard_normal((B, 3, 4, 6)).astype(np.float32) for _ in range(4))
+    Tq = 3 if mask == "cross" else 4
+    k, v = (rng.standard_normal((B, 3, 4, 6)).astype(np.float32) for _ in range(2))
+    q, dy = (rng.standard_normal((B, 3, Tq, 6)).astype(np.float32) for _ in range(2))
     if offset:
         q[..., 0], k[..., 0] = offset * np.sqrt(6), 1.0  # scores = offset + N(0, 5/6)
     ids = np.array([[1, 1, 1, 0]] * (B - 1) + [[1, 0, 0, 0]])  # the last row sees one key
@@ -481,13 +483,14 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(
         "padding": A.padding_visible(ids, pad_id=0),
         "per head": random_visible(rng, (1, 3, 4, 4), "random"),  # shared by the batch rows
         "none": None,
+        "cross": A.padding_visible(ids, pad_id=0),
     }[mask]
-    drop = Dropout(rng, attn=0.4).mask("attn", (B, 3, 4, 4), np.float32) if dropped else None
+    drop = Dropout(rng, attn=0.4).mask("attn", (B, 3, Tq, 4), np.float32) if dropped else None
     one_y, one_cache = A.attention_forward(q, k, v, visible, drop=drop)
     one_grads = A.attention_backward(dy, one_cache)
     monkeypatch.setattr(A, "WHOLE_BYTES", 0)
-    monkeypatch.setattr(A, "GROUP_BYTES", rows * 3 * 4 * 4 * 4)  # rows of float32 scores
-    assert len(A.batch_groups((B, 3, 4, 4), 4)) == -(-B // rows)
+    monkeypatch.setattr(A, "GROUP_BYTES", rows * 3 * Tq * 4 * 4)  # rows of float32 scores
+    assert len(A.batch_groups((B, 3, Tq, 4), 4)) == -(-B // rows)
     y, cache = A.attention_forward(q, k, v, visible, drop=drop)
     assert np.array_equal(y, one_y) and y.dtype == np.float32
     assert np.array_equal(cache.weights, one_cache.weights)
