@@ -62,6 +62,8 @@ def test_sinusoidal_table_values():
     table = L.sinusoidal_table(3, 4, "float64")
     np.testing.assert_allclose(table[0], [0, 1, 0, 1], atol=0)
     np.testing.assert_allclose(table[2], [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)])
+    with pytest.raises(ValueError, match="read-only"):  # cached, shared by every forward
+        table[0, 0] = 1.0
 
 
 def test_attention_rows_sum_to_one_and_hidden_weights_are_exactly_zero():
