@@ -411,6 +411,19 @@ def test_activation_forward_into_its_own_input_is_the_fresh_result(kind, for_bac
         assert np.array_equal(act_backward(dout, cache), act_backward(dout, fresh_cache))
 
 
+@pytest.mark.parametrize("for_backward", [True, False])
+@pytest.mark.parametrize("kind", ["relu", "gelu"])
+def test_activation_forward_into_a_strided_out_returns_the_result(kind, for_backward):
+    """An out whose rows are not views of it (a transposed array: GELU's row blocks would
+    write into copies) still gets the activation returned: GELU's in a fresh array."""
+    act_forward, _ = L.ACTIVATIONS[kind]
+    x = (3 * rng_of(2).standard_normal((2, 3, 6))).astype(np.float32)
+    fresh, _ = act_forward(x, for_backward)
+    strided = np.zeros((3, 2, 6), np.float32).transpose(1, 0, 2)  # (2, 3, 6), not contiguous
+    out, _ = act_forward(x, for_backward, out=strided)
+    assert np.array_equal(out, fresh)
+
+
 @pytest.mark.parametrize("kind", ["relu", "gelu"])
 def test_activation_backward_into_its_own_dout_is_the_fresh_result(kind):
     """ffn_backward writes dh over da (act_backward(da, cache, out=da)): the same bits as a
