@@ -453,11 +453,11 @@ def gelu_forward(x: np.ndarray, for_backward: bool = True, out: np.ndarray | Non
     if x.dtype not in GELU_EXP.cap:
         raise InputTypeError(f"gelu_forward: x must be float32 or float64, got {x.dtype}")
     if out is None or not out.flags.c_contiguous:  # its rows must be views
-        out = np.empty_like(x)
+        out = np.empty_like(x, order="C")  # not x's layout: a strided x's rows are copies
     if not for_backward:
         in_row_blocks(_gelu_output_block, (as_rows(x),), (as_rows(out),))
         return out, None
-    slope = np.empty_like(x)
+    slope = np.empty_like(x, order="C")
     in_row_blocks(_gelu_block, (as_rows(x),), (as_rows(out), as_rows(slope)))
     return out, slope
 

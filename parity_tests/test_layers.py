@@ -411,17 +411,26 @@ def test_activation_forward_into_its_own_input_is_the_fresh_result(kind, for_bac
         assert np.array_equal(act_backward(dout, cache), act_backward(dout, fresh_cache))
 
 
+@pytest.mark.parametrize("strided", ["x", "out"])
 @pytest.mark.parametrize("for_backward", [True, False])
 @pytest.mark.parametrize("kind", ["relu", "gelu"])
-def test_activation_forward_into_a_strided_out_returns_the_result(kind, for_backward):
-    """An out whose rows are not views of it (a transposed array: GELU's row blocks would
-    write into copies) still gets the activation returned: GELU's in a fresh array."""
-    act_forward, _ = L.ACTIVATIONS[kind]
-    x = (3 * rng_of(2).standard_normal((2, 3, 6))).astype(np.float32)
-    fresh, _ = act_forward(x, for_backward)
-    strided = np.zeros((3, 2, 6), np.float32).transpose(1, 0, 2)  # (2, 3, 6), not contiguous
-    out, _ = act_forward(x, for_backward, out=strided)
+def test_activation_of_strided_arrays_is_the_contiguous_result(kind, for_backward, strided):
+    """An x or an out whose rows are not views of it (a transposed array: GELU's row blocks
+    would read or write copies) gets the same bits, and the same backward, as contiguous
+    arrays: GELU writes into arrays of its own then."""
+    act_forward, act_backward = L.ACTIVATIONS[kind]
+    rng = rng_of(2)
+    x, dout = (3 * rng.standard_normal((2, 3, 6))).astype(np.float32), rng.standard_normal(6)
+    fresh, fresh_cache = act_forward(x, for_backward)
+    transposed = np.zeros((3, 2, 6), np.float32).transpose(1, 0, 2)  # (2, 3, 6), strided
+    if strided == "x":
+        transposed[...] = x
+        out, cache = act_forward(transposed, for_backward)
+    else:
+        out, cache = act_forward(x, for_backward, out=transposed)
     assert np.array_equal(out, fresh)
+    if for_backward or kind == "relu":
+        assert np.array_equal(act_backward(dout, cache), act_backward(dout, fresh_cache))
 
 
 @pytest.mark.parametrize("kind", ["relu", "gelu"])
