@@ -97,6 +97,14 @@ def test_seq2seq_bad_input(case, method):
         getattr(SEQ2SEQ, method)(**batch)
 
 
+def test_seq2seq_decode_refuses_a_source_of_another_batch():
+    """decode checks source's batch, not memory's: memory may match decoder_input while a
+    source of one row would broadcast its padding mask over every row."""
+    memory, _ = SEQ2SEQ.encode(SOURCE)
+    with pytest.raises(ValueError, match="source and decoder_input .* got 1 and 2"):
+        SEQ2SEQ.decode(memory, SOURCE[:1], DECODER_INPUT)
+
+
 GPT_BAD_INPUTS = {
     "idx id too large": (dict(idx=replaced(IDX, (1, 3), 13)), ValueError, r"idx\[1, 3\] = 13"),
     "float idx": (dict(idx=IDX.astype(float)), TypeError, "idx must hold integer"),
