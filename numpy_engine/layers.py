@@ -448,7 +448,8 @@ def gelu_forward(x: np.ndarray, for_backward: bool = True, out: np.ndarray | Non
     that one array, and the backward is one product. for_backward=False (decoding) skips
     the derivative: the cache is then None, and out is x / (1 + e), within a rounding of
     x s. The chain runs on blocks of rows that stay in cache (blocking.py). out: a
-    C-contiguous array shaped like x to write the output into (x itself may be out).
+    C-contiguous array shaped like x to write the output into (x itself may be out); any
+    other out is left alone, and the output is returned in a new array, as for out=None.
     """
     if x.dtype not in GELU_EXP.cap:
         raise InputTypeError(f"gelu_forward: x must be float32 or float64, got {x.dtype}")
