@@ -41,8 +41,15 @@ def slices(n: int, item_bytes: int, block_bytes: int, whole_bytes: int = 0) -> l
 
 
 def in_row_blocks(chain: Callable, inputs: tuple, outputs: tuple) -> None:
-    """chain(*input_blocks, *output_blocks) on consecutive blocks of rows of 2-D arrays (all
-    with the same number of rows); chain writes its results into the output blocks."""
+    """chain(*input_blocks, *output_blocks) on consecutive blocks of rows of arrays (..., C)
+    read as (N, C) rows (every array with the same N); chain writes its results into the
+    output blocks. Outputs must be C-contiguous: their rows are then views, where a strided
+    output's would be a copy, and the results written into it lost."""
+    for o in outputs:
+        if not o.flags.c_contiguous:
+            raise ValueError("in_row_blocks: every output must be C-contiguous")
+    inputs = tuple(as_rows(a) for a in inputs)
+    outputs = tuple(as_rows(o) for o in outputs)
     n_rows, width = inputs[0].shape
     row_bytes = width * inputs[0].itemsize
     for block in slices(n_rows, row_bytes, BLOCK_BYTES):

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_engine.blocking import as_rows, in_row_blocks
+from numpy_engine.blocking import in_row_blocks
 from numpy_engine.checks import InputError, InputTypeError
 from numpy_engine.faster import FasterOfTwo
 from numpy_engine.keys import with_prefix
@@ -454,12 +454,12 @@ def gelu_forward(x: np.ndarray, for_backward: bool = True, out: np.ndarray | Non
     if x.dtype not in GELU_EXP.cap:
         raise InputTypeError(f"gelu_forward: x must be float32 or float64, got {x.dtype}")
     if out is None or not out.flags.c_contiguous:  # its rows must be views
-        out = np.empty_like(x, order="C")  # not x's layout: a strided x's rows are copies
+        out = np.empty_like(x, order="C")  # whatever x's layout: in_row_blocks needs C order
     if not for_backward:
-        in_row_blocks(_gelu_output_block, (as_rows(x),), (as_rows(out),))
+        in_row_blocks(_gelu_output_block, (x,), (out,))
         return out, None
     slope = np.empty_like(x, order="C")
-    in_row_blocks(_gelu_block, (as_rows(x),), (as_rows(out), as_rows(slope)))
+    in_row_blocks(_gelu_block, (x,), (out, slope))
     return out, slope
 
 

@@ -600,3 +600,6 @@ def test_row_blocks_hold_about_block_bytes_of_the_first_input(monkeypatch):
     x, out = np.ones((10, 7), np.float32), np.zeros((10, 2), np.float64)
     blocking.in_row_blocks(lambda a, o: rows_seen.append((len(a), len(o))), (x,), (out,))
     assert rows_seen == [(3, 3), (3, 3), (3, 3), (1, 1)]
+    strided = np.zeros((2, 10), np.float64).T  # (10, 2), not C-contiguous
+    with pytest.raises(ValueError, match="every output must be C-contiguous"):
+        blocking.in_row_blocks(lambda a, o: None, (x,), (strided,))
