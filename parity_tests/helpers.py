@@ -227,13 +227,13 @@ def _keyed(out: np.ndarray, grads: dict) -> dict[str, np.ndarray]:
     return {"output": out} | {f"d{key}": g for key, g in grads.items()}
 
 
-def _engine_outputs(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
+def layer_outputs(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
     out, cache = case.forward(inputs)
     return _keyed(out, case.backward(dout, cache))
 
 
 def _engine_run(case: LayerCase, inputs: dict, dout: np.ndarray) -> dict[str, np.ndarray]:
-    """_engine_outputs, checking the backward's contract on the way."""
+    """layer_outputs, checking the backward's contract on the way."""
     out, cache = case.forward(inputs)
     grads = case.backward(dout, cache)
     for key, grad in grads.items():  # the contract: a backward returns fresh arrays
@@ -275,7 +275,7 @@ def layer_float32_checks(case: LayerCase, dout: np.ndarray, rng: np.random.Gener
     exact["upstream"] = dout32.astype(np.float64)  # sensitivities moves the upstream too
 
     def engine64(i):  # run ~180 times per case by sensitivities: its contract checked once
-        return _engine_outputs(case, params_of(i, "upstream"), i["upstream"])
+        return layer_outputs(case, params_of(i, "upstream"), i["upstream"])
 
     # the float64 engine, checked against torch just before
     golden = _engine_run(case, params_of(exact, "upstream"), exact["upstream"])

@@ -1,0 +1,104 @@
+"""Arrays as a caller may hold them: strided views and read-only arrays. Every layer, model and
+decoder gives what it gives for fresh contiguous copies of the same values, and writes into
+none of its inputs (a read-only input would raise).
+
+The engine's own calls pass fresh contiguous arrays; a user's need not be. A layer that wrote
+through as_rows of a strided array wrote into a copy and returned unwritten memory (GELU's
+forward, fixed in 5ff6e45)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crosscheck.compare import compare, float64_ok
+from numpy_engine.generate import generate, greedy_decode
+from parity_tests import layer_cases as cases
+from parity_tests.float32_panel import KINDS, model_case
+from parity_tests.helpers import layer_outputs
+
+
+def every_other_column(a: np.ndarray) -> np.ndarray:
+    """a's values in a read-only view of every other entry of a twice-as-wide array."""
+    wide = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)
+    wide[..., ::2] = a
+    return read_only(wide[..., ::2])
+
+
+def fortran_order(a: np.ndarray) -> np.ndarray:
+    """a's values, read-only, first axis fastest: no row of a (..., C) array is contiguous."""
+    return read_only(np.asfortranarray(a))
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+LAYOUTS = {"every other column": every_other_column, "Fortran order": fortran_order}
+
+
+LAYER_KINDS = KINDS | {  # and the layers the float32 panel leaves out, at its sizes
+    "relu": lambda rng: cases.activation(rng, "relu", 2, 3, 4),
+    "sinusoidal positions": lambda rng: cases.sinusoidal_positions(rng, 2, 3, 4),
+    "learned positions": lambda rng: cases.learned_positions(rng, 2, 3, 1, 4),
+    "linear, folded affine": lambda rng: cases.linear(rng, 2, 3, 4, 3, affine=True),
+    "linear without bias": lambda rng: cases.linear(rng, 2, 3, 4, 3, bias=False),
+}
+
+
+def laid_out(layout, a):
+    return a if np.ndim(a) == 0 else LAYOUTS[layout](np.asarray(a))  # a loss's upstream: 0-d
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_layers_take_strided_read_only_inputs(kind, layout):
+    """Outputs and every gradient, the upstream gradient laid out the same way, against the
+    contiguous run under the float64 parity rule (a strided reduction may add in another
+    order: layernorm's differ by ~5e-16); three cases of each kind."""
+    for seed in range(3):
+        rng = np.random.default_rng([seed, 5])
+        case = LAYER_KINDS[kind](rng)
+        out, _ = case.forward(case.inputs)
+        dout = rng.standard_normal(np.shape(out))
+        want = layer_outputs(case, case.inputs, dout)
+        inputs = {key: laid_out(layout, value) for key, value in case.inputs.items()}
+        got = layer_outputs(case, inputs, laid_out(layout, dout))
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            c = compare(f"{case.name}, {layout}: {key}", got[key], value)
+            assert float64_ok(c), c.describe()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("model_kind", ["seq2seq", "gpt"])
+def test_models_take_strided_read_only_batches(model_kind, layout):
+    """The loss, every gradient and the logits bit for bit: ids are read, not reduced."""
+    for seed in range(3):
+        model, batch = model_case(model_kind, seed)
+        loss, grads = model.loss_and_grads(*batch)
+        logits, _ = model.forward(*batch[:-1])
+        strided = tuple(laid_out(layout, ids) for ids in batch)
+        strided_loss, strided_grads = model.loss_and_grads(*strided)
+        assert strided_loss == loss
+        for key, grad in grads.items():
+            np.testing.assert_array_equal(strided_grads[key], grad, err_msg=key)
+        np.testing.assert_array_equal(model.forward(*strided[:-1])[0], logits)
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cached", "uncached"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_decoding_takes_a_strided_read_only_prompt(layout, use_cache):
+    """Sampled continuations of a MiniGPT and greedy decodes of a Seq2SeqTransformer: the
+    same ids."""
+    for seed in range(3):
+        gpt, (ids, _) = model_case("gpt", seed)
+        prompt = np.maximum(ids, 1)
+        settings = dict(temperature=1.0, top_k=3, seed=seed, use_cache=use_cache)
+        want = generate(gpt, prompt, 5, **settings)
+        np.testing.assert_array_equal(generate(gpt, laid_out(layout, prompt), 5, **settings), want)
+        seq2seq, (source, *_) = model_case("seq2seq", seed)
+        want = greedy_decode(seq2seq, source, 6, use_cache)
+        got = greedy_decode(seq2seq, laid_out(layout, source), 6, use_cache)
+        np.testing.assert_array_equal(got, want)
