@@ -141,6 +141,17 @@ def _(rng):
     return cases.decoder_block(rng, r(1, 4), H, hs, r(1, 4), r(1, 4), r(1, 4), act)
 
 
+# Every layer kind: the panel's, and at fixed small sizes those it leaves out (ReLU, the
+# positions, the linear's options), for tests that ask something of every layer.
+LAYER_KINDS = KINDS | {
+    "relu": lambda rng: cases.activation(rng, "relu", 2, 3, 4),
+    "sinusoidal positions": lambda rng: cases.sinusoidal_positions(rng, 2, 3, 4),
+    "learned positions": lambda rng: cases.learned_positions(rng, 2, 3, 1, 4),
+    "linear, folded affine": lambda rng: cases.linear(rng, 2, 3, 4, 3, affine=True),
+    "linear without bias": lambda rng: cases.linear(rng, 2, 3, 4, 3, bias=False),
+}
+
+
 def model_case(model_kind: str, seed: int) -> tuple:
     """A randomized float64 model of that kind ("seq2seq" or "gpt") and a padded batch."""
     rng = np.random.default_rng([seed, 99])

@@ -13,8 +13,7 @@ import pytest
 
 from crosscheck.compare import compare, float64_ok
 from numpy_engine.generate import generate, greedy_decode
-from parity_tests import layer_cases as cases
-from parity_tests.float32_panel import KINDS, model_case
+from parity_tests.float32_panel import LAYER_KINDS, model_case
 from parity_tests.helpers import layer_outputs
 
 
@@ -36,15 +35,6 @@ def read_only(a: np.ndarray) -> np.ndarray:
 
 
 LAYOUTS = {"every other column": every_other_column, "Fortran order": fortran_order}
-
-
-LAYER_KINDS = KINDS | {  # and the layers the float32 panel leaves out, at its sizes
-    "relu": lambda rng: cases.activation(rng, "relu", 2, 3, 4),
-    "sinusoidal positions": lambda rng: cases.sinusoidal_positions(rng, 2, 3, 4),
-    "learned positions": lambda rng: cases.learned_positions(rng, 2, 3, 1, 4),
-    "linear, folded affine": lambda rng: cases.linear(rng, 2, 3, 4, 3, affine=True),
-    "linear without bias": lambda rng: cases.linear(rng, 2, 3, 4, 3, bias=False),
-}
 
 
 def laid_out(layout, a):
