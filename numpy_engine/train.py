@@ -74,6 +74,19 @@ def evaluate_sequence_task(model: Seq2SeqTransformer, split: Split) -> dict:
     return {"heldout_loss": loss, "exact_match": float(exact.mean())}
 
 
+def _examples(model: Seq2SeqTransformer, split: Split, n: int) -> list[dict]:
+    """The first n sources of split, each with its target and the model's greedy decode."""
+    generated = greedy_decode(model, split.source[:n], split.target.shape[1])
+    return [
+        {
+            "source": _strip(split.source[i]),
+            "expected": _strip(split.target[i]),
+            "generated": _strip(generated[i]),
+        }
+        for i in range(n)
+    ]
+
+
 def _strip(ids: np.ndarray) -> list[int]:
     """Ids up to and including EOS, without padding."""
     ids = [int(i) for i in ids if i != PAD]
@@ -103,9 +116,7 @@ def train_sequence_task(
     S = task.train.source.shape[1]
     check_step_fits(f"batch_size={cfg.batch_size}", model, cfg, S, state, parallel)
     if state is None:
-        history = empty_history()
-        sampler = np.random.default_rng([cfg.seed, 1])
-        state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
+        state = _new_state(cfg, model)
 
     def next_batch(sampler):
         return task.train.take(sampler.integers(0, len(task.train), size=cfg.batch_size))
@@ -123,15 +134,6 @@ def train_sequence_task(
         state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
     )
     final = state.history["eval"][-1]
-    generated = greedy_decode(state.model, task.test.source[:3], task.test.target.shape[1])
-    examples = [
-        {
-            "source": _strip(task.test.source[i]),
-            "expected": _strip(task.test.target[i]),
-            "generated": _strip(generated[i]),
-        }
-        for i in range(3)
-    ]
     result = {
         "task": cfg.task,
         "seed": cfg.seed,
@@ -143,7 +145,7 @@ def train_sequence_task(
         "heldout_loss": final["heldout_loss"],
         "exact_match": final["exact_match"],
         **timing,
-        "examples": examples,
+        "examples": _examples(state.model, task.test, 3),
     }
     return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
 
@@ -167,6 +169,45 @@ def train_char_lm(
     check_run_config(cfg)
     text_name = "the built-in text" if text is None else "--text"  # as an error calls it
     text = DEFAULT_TEXT if text is None else text
+    model, corpus = _language_model_and_corpus(cfg, text, text_name, state, codec)
+    what = f"batch_size={cfg.batch_size} with context={cfg.context}"
+    check_step_fits(what, model, cfg, cfg.context, state, parallel)
+    train_ids, heldout = _split_text(cfg, corpus, model)
+    if state is None:
+        state = _new_state(cfg, model, evaluations=heldout is not None)
+
+    def next_batch(sampler):
+        return random_windows(train_ids, sampler, cfg.batch_size, cfg.context)
+
+    def meta(state):
+        return run_meta(cfg.task, cfg, state, **corpus.codec(), text=text)
+
+    evaluate = _language_model_evaluation(cfg, heldout, checkpointing, corpus.codec(), parallel)
+    timing = run_loop(
+        state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
+    )
+    result = {
+        "task": cfg.task,
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "corpus_characters": len(text),
+        "corpus_tokens": len(corpus.ids),
+        "vocab_size": state.model.config.vocab_size,  # what the model predicts over
+        "tokenizer_vocab_size": corpus.vocab_size,  # may be fewer (a padded checkpoint's)
+        "initial_train_loss": state.history["train_loss"][0],
+        "final_train_loss": final_train_loss(state.history),
+        **_heldout_result(state, heldout),
+        **_best_result(state, checkpointing),
+        **timing,
+        **_greedy_sample(state.model, corpus, text[:3] if cfg.prompt is None else cfg.prompt),
+    }
+    return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
+
+
+def _language_model_and_corpus(cfg: CharTrainConfig, text, text_name, state, codec) -> tuple:
+    """(the model, the text read by its tokenizer): the model of state (resume), or the
+    weights and tokenizer of the checkpoint cfg.init (fine-tuning), or a new model over the
+    text's characters; a new run's model at cfg.dropout, and long enough for cfg.context."""
     model = None if state is None else state.model
     if state is None and cfg.init is not None:
         start = load_checkpoint(cfg.init, optimizer=False)  # its weights: a new run's own moments
@@ -182,51 +223,28 @@ def train_char_lm(
             f"context={cfg.context} is longer than the model's {most} positions (its max_len): "
             f"give --context {most} or less"
         )
-    what = f"batch_size={cfg.batch_size} with context={cfg.context}"
-    check_step_fits(what, model, cfg, cfg.context, state, parallel)
-    train_ids, heldout = _split_text(cfg, corpus, model)
-    if state is None:
-        history = empty_history(evaluations=heldout is not None)
-        sampler = np.random.default_rng([cfg.seed, 1])
-        state = TrainState(model, cfg.optimizer(model.params), sampler, 0, history)
+    return model, corpus
 
-    def next_batch(sampler):
-        return random_windows(train_ids, sampler, cfg.batch_size, cfg.context)
 
-    def meta(state):
-        return run_meta(cfg.task, cfg, state, **corpus.codec(), text=text)
-
+def _language_model_evaluation(cfg, heldout, checkpointing, codec: dict, parallel):
+    """run_loop's evaluate: _heldout_evaluation's, and with --keep-best, which needs a
+    held-out part, the best weights kept in the run's BEST directory as it goes."""
     evaluate = _heldout_evaluation(heldout, cfg.batch_size, parallel)
-    if checkpointing is not None and checkpointing.keep_best:
-        if evaluate is None:
-            raise InputError(
-                "--keep-best keeps the weights of the lowest held-out loss: the run needs a "
-                "held-out part (--holdout FRACTION)"
-            )
-        root = parallel is None or parallel.is_root  # the one rank that writes
-        evaluate = _keeping_the_best(evaluate, checkpointing.out / BEST, corpus.codec(), root)
-    timing = run_loop(
-        state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
-    )
-    prompt = text[:3] if cfg.prompt is None else cfg.prompt  # "to " for the default text
-    sample = corpus.decode(generate(state.model, corpus.encode(prompt), max_new_tokens=60)[0])
-    result = {
-        "task": cfg.task,
-        "seed": cfg.seed,
-        "steps": cfg.steps,
-        "corpus_characters": len(text),
-        "corpus_tokens": len(corpus.ids),
-        "vocab_size": state.model.config.vocab_size,  # what the model predicts over
-        "tokenizer_vocab_size": corpus.vocab_size,  # may be fewer (a padded checkpoint's)
-        "initial_train_loss": state.history["train_loss"][0],
-        "final_train_loss": final_train_loss(state.history),
-        **_heldout_result(state, heldout),
-        **_best_result(state, checkpointing),
-        **timing,
-        "prompt": prompt,
-        "greedy_sample": sample,
-    }
-    return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
+    if checkpointing is None or not checkpointing.keep_best:
+        return evaluate
+    if evaluate is None:
+        raise InputError(
+            "--keep-best keeps the weights of the lowest held-out loss: the run needs a "
+            "held-out part (--holdout FRACTION)"
+        )
+    root = parallel is None or parallel.is_root  # the one rank that writes
+    return _keeping_the_best(evaluate, checkpointing.out / BEST, codec, root)
+
+
+def _greedy_sample(model, corpus, prompt: str) -> dict:
+    """The prompt ("to " for the default text) and the model's greedy continuation of it."""
+    sample = corpus.decode(generate(model, corpus.encode(prompt), max_new_tokens=60)[0])
+    return {"prompt": prompt, "greedy_sample": sample}
 
 
 def _split_text(cfg: CharTrainConfig, corpus, model) -> tuple:
@@ -325,6 +343,12 @@ def _best_result(state: TrainState, checkpointing: Checkpointing | None) -> dict
     if best is None:  # every held-out loss was NaN: nothing was kept
         return {"best": None}
     return {"best": {**best, "checkpoint": str(checkpointing.out / BEST)}}
+
+
+def _new_state(cfg, model, evaluations: bool = True) -> TrainState:
+    """A new run's state: step 0, a fresh optimizer, the batch sampler seeded from cfg.seed."""
+    sampler = np.random.default_rng([cfg.seed, 1])
+    return TrainState(model, cfg.optimizer(model.params), sampler, 0, empty_history(evaluations))
 
 
 def _new_language_model(cfg: CharTrainConfig, vocab_size: int):
