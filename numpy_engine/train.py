@@ -407,6 +407,21 @@ def resume(
     a run that kept its best (out_dir/BEST exists) keeps it on without being asked, so that
     best/ cannot go stale while later evaluations beat it."""
     checkpoint = load_checkpoint(out_dir) if checkpoint is None else checkpoint
+    cfg = _resumable_config(out_dir, checkpoint, steps)
+    meta = checkpoint.meta
+    if isinstance(cfg, CharTrainConfig):  # a sequence task's run refuses keep_best
+        keep_best = keep_best or resolve(Path(out_dir) / BEST).exists()
+        if keep_best:
+            _refuse_a_best_already_lost(Path(out_dir), meta["history"])
+    checkpointing = Checkpointing(Path(out_dir), checkpoint_every, keep_best)  # saved when stopped
+    state = _resumed_state(cfg, checkpoint)
+    return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta, parallel)
+
+
+def _resumable_config(out_dir, checkpoint: Checkpoint, steps: int | None):
+    """The run's saved config, to `steps` if given; refused, each with a line saying why:
+    a checkpoint of no run, a run done, a new --steps that a decaying lr or the warmup
+    does not allow."""
     meta = checkpoint.meta
     missing = RUN_STATE_KEYS - meta.keys()
     if missing:
@@ -431,18 +446,18 @@ def resume(
             f"--steps {steps}: the run in {out_dir} raises its lr over its first {cfg.warmup} "
             f"steps (--warmup {cfg.warmup}); give --steps N with N > {cfg.warmup}"
         )
-    if isinstance(cfg, CharTrainConfig):  # a sequence task's run refuses keep_best
-        keep_best = keep_best or resolve(Path(out_dir) / BEST).exists()
-        if keep_best:
-            _refuse_a_best_already_lost(Path(out_dir), meta["history"])
+    return cfg
+
+
+def _resumed_state(cfg, checkpoint: Checkpoint) -> TrainState:
+    """The run's state as saved: its model, optimizer (the checkpoint's optimizer_state is
+    consumed as it is read), batch sampler, step and history."""
+    meta = checkpoint.meta
     sampler = np.random.default_rng()
     sampler.bit_generator.state = meta["sampler_state"]
-    model = checkpoint.model
-    checkpointing = Checkpointing(Path(out_dir), checkpoint_every, keep_best)  # saved when stopped
-    optimizer = cfg.optimizer(model.params)
+    optimizer = cfg.optimizer(checkpoint.model.params)
     optimizer.load_state_dict(checkpoint.optimizer_state, consume=True)
-    state = TrainState(model, optimizer, sampler, meta["step"], meta["history"])
-    return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta, parallel)
+    return TrainState(checkpoint.model, optimizer, sampler, meta["step"], meta["history"])
 
 
 def _refuse_a_best_already_lost(out: Path, history: dict) -> None:
