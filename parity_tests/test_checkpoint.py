@@ -15,7 +15,9 @@ import pytest
 import numpy_engine as ne
 from numpy_engine import checkpoint
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
+from numpy_engine.checks import InputError
 from numpy_engine.optim import AdamW
+from numpy_engine.train import resume
 
 
 @pytest.fixture
@@ -303,6 +305,9 @@ def test_a_run_of_a_task_this_engine_does_not_know_is_refused_by_name(tmp_path, 
     known = "which is not known here (known: copy, reverse, char-lm, lm)"
     refused = f"checkpoint in {tmp_path / 'run'} is of task 'translate', {known}"
     assert refused in capsys.readouterr().err
+    with pytest.raises(InputError) as library_call:  # the command line checks before it
+        resume(tmp_path / "run", progress_stream=None)
+    assert refused in str(library_call.value)
 
 
 def test_a_run_whose_meta_lacks_its_task_is_refused_by_what_it_lacks(tmp_path, capsys):

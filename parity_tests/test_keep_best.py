@@ -10,7 +10,9 @@ import pytest
 from numpy_engine import train
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main
+from numpy_engine.configs import CharTrainConfig
 from numpy_engine.loop import TrainState
+from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.tasks import DEFAULT_TEXT
 
 
@@ -186,3 +188,25 @@ def test_resuming_a_sequence_run_with_keep_best_says_it_is_for_language_models(t
     train.run_task(cfg, None, None, train.Checkpointing(tmp_path, 4))
     with pytest.raises(train.InputError, match="^--keep-best is for a language model's run "):
         train.resume(tmp_path, None, steps=6, keep_best=True)
+
+
+class SecondOfTwoRanks(OneProcess):
+    """Rank 1 of a data-parallel pair, in one process: its reductions are the identity, so
+    it trains on its own share of each batch."""
+
+    rank, size = 1, 2
+
+
+@pytest.mark.parametrize(
+    ("group", "writes"),
+    [(OneProcess(), True), (SecondOfTwoRanks(), False)],
+    ids=["rank 0", "rank 1 of 2"],
+)
+def test_the_best_is_kept_by_the_rank_that_writes_alone(tmp_path, group, writes):
+    """Under --data-parallel every rank evaluates and knows the best so far, but only rank
+    0 writes it (as it writes the run's checkpoints): two writing one path could leave it
+    torn."""
+    cfg = CharTrainConfig(steps=4, batch_size=4, context=8, holdout=0.3, eval_every=2)
+    checkpointing = train.Checkpointing(tmp_path / "run", None, keep_best=True)
+    train.train_char_lm(cfg, None, None, checkpointing, parallel=DataParallel(group))
+    assert (tmp_path / "run" / "best").exists() == writes
