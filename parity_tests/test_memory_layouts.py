@@ -1,6 +1,6 @@
-"""Arrays as a caller may hold them: strided views and read-only arrays. Every layer, model and
-decoder gives what it gives for fresh contiguous copies of the same values, and writes into
-none of its inputs (a read-only input would raise).
+"""Arrays as a caller may hold them: strided views and read-only arrays. Every layer, model,
+decoder and optimizer gives what it gives for fresh contiguous copies of the same values, and
+writes into none of its inputs (a read-only input would raise).
 
 The engine's own calls pass fresh contiguous arrays; a user's need not be. A layer that wrote
 through as_rows of a strided array wrote into a copy and returned unwritten memory (GELU's
@@ -13,6 +13,8 @@ import pytest
 
 from crosscheck.compare import compare, float64_ok
 from numpy_engine.generate import generate, greedy_decode
+from numpy_engine.optim import Adam, AdamW
+from numpy_engine.params import flatten
 from parity_tests.float32_panel import LAYER_KINDS, model_case
 from parity_tests.helpers import layer_outputs
 
@@ -92,3 +94,24 @@ def test_decoding_takes_a_strided_read_only_prompt(layout, use_cache):
         want = greedy_decode(seq2seq, source, 6, use_cache)
         got = greedy_decode(seq2seq, laid_out(layout, source), 6, use_cache)
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["", "clipped"])
+@pytest.mark.parametrize("optimizer", [Adam, AdamW])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_optimizers_take_strided_params_and_gradients(layout, optimizer, clip):
+    """A step on a strided flat vector (every other entry of a longer one: its pieces are
+    views, updated in place) from strided gradients, a dict or a flat vector: the same
+    parameters and norm bit for bit."""
+    rng = np.random.default_rng(0)
+    params = {"a.weight": rng.standard_normal((3, 4)), "a.bias": rng.standard_normal(3)}
+    grads = {key: rng.standard_normal(value.shape) for key, value in params.items()}
+    flat = flatten(params)
+    want_norm = optimizer(params, lr=0.1).step(flat, grads, clip)
+    for given in ({key: laid_out(layout, g) for key, g in grads.items()}, flatten(grads)):
+        wide = np.zeros(2 * flat.size)
+        strided = wide[::2]
+        strided[...] = flatten(params)
+        given = given if isinstance(given, dict) else every_other_column(given)
+        assert optimizer(params, lr=0.1).step(strided, given, clip) == want_norm
+        np.testing.assert_array_equal(strided, flat)
