@@ -1,6 +1,7 @@
 """Arrays as a caller may hold them: strided views and read-only arrays. Every layer, model,
-decoder and optimizer gives what it gives for fresh contiguous copies of the same values, and
-writes into none of its inputs (a read-only input would raise).
+decoder and optimizer gives what it gives for fresh contiguous copies of the same values; none
+writes into an input it only reads (a read-only input would raise): the optimizers write
+the flat parameter vector, in place, and no gradient.
 
 The engine's own calls pass fresh contiguous arrays; a user's need not be. A layer that wrote
 through as_rows of a strided array wrote into a copy and returned unwritten memory (GELU's
