@@ -28,8 +28,9 @@ def every_other_column(a: np.ndarray) -> np.ndarray:
 
 
 def fortran_order(a: np.ndarray) -> np.ndarray:
-    """a's values, read-only, first axis fastest: no row of a (..., C) array is contiguous."""
-    return read_only(np.asfortranarray(a))
+    """A copy of a, read-only, first axis fastest: no row of a (..., C) array is contiguous
+    (np.asfortranarray would return a 1-D a itself, and a's flags would change)."""
+    return read_only(np.array(a, order="F"))
 
 
 def read_only(a: np.ndarray) -> np.ndarray:
