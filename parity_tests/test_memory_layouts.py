@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from crosscheck.compare import compare, float64_ok
+from numpy_engine import attention as A
+from numpy_engine import blocking, losses, optim
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.optim import Adam, AdamW
 from numpy_engine.params import flatten
@@ -45,12 +47,27 @@ def laid_out(layout, a):
     return a if np.ndim(a) == 0 else LAYOUTS[layout](np.asarray(a))  # a loss's upstream: 0-d
 
 
+def in_smallest_pieces(monkeypatch) -> None:
+    """Every chain of row blocks one row a block, attention one batch row a group, the
+    optimizer one entry a block: the paths that cut arrays into pieces, at any size."""
+    monkeypatch.setattr(blocking, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(A, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(A, "GROUP_BYTES", 1)
+    monkeypatch.setattr(losses, "FUSED_BLOCK_BYTES", 1)
+    monkeypatch.setattr(optim, "BLOCK_BYTES", 8)
+
+
+PIECES = {"whole": lambda monkeypatch: None, "in pieces": in_smallest_pieces}
+
+
+@pytest.mark.parametrize("pieces", PIECES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kind", LAYER_KINDS)
-def test_layers_take_strided_read_only_inputs(kind, layout):
+def test_layers_take_strided_read_only_inputs(kind, layout, pieces, monkeypatch):
     """Outputs and every gradient, the upstream gradient laid out the same way, against the
     contiguous run under the float64 parity rule (a strided reduction may add in another
     order: layernorm's differ by ~5e-16); three cases of each kind."""
+    PIECES[pieces](monkeypatch)
     for seed in range(3):
         rng = np.random.default_rng([seed, 5])
         case = LAYER_KINDS[kind](rng)
@@ -98,13 +115,15 @@ def test_decoding_takes_a_strided_read_only_prompt(layout, use_cache):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("pieces", PIECES)
 @pytest.mark.parametrize("clip", [None, 0.5], ids=["", "clipped"])
 @pytest.mark.parametrize("optimizer", [Adam, AdamW])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_optimizers_take_strided_params_and_gradients(layout, optimizer, clip):
+def test_optimizers_take_strided_params_and_gradients(layout, optimizer, clip, pieces, monkeypatch):
     """A step on a strided flat vector (every other entry of a longer one: its pieces are
     views, updated in place) from strided gradients, a dict or a flat vector: the same
     parameters and norm bit for bit."""
+    PIECES[pieces](monkeypatch)
     rng = np.random.default_rng(0)
     params = {"a.weight": rng.standard_normal((3, 4)), "a.bias": rng.standard_normal(3)}
     grads = {key: rng.standard_normal(value.shape) for key, value in params.items()}
