@@ -16,6 +16,7 @@ from crosscheck.compare import compare, float64_ok
 from numpy_engine import attention as A
 from numpy_engine import blocking, losses, optim
 from numpy_engine.generate import generate, greedy_decode
+from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import Adam, AdamW
 from numpy_engine.params import flatten
 from parity_tests.float32_panel import LAYER_KINDS, model_case
@@ -82,12 +83,30 @@ def test_layers_take_strided_read_only_inputs(kind, layout, pieces, monkeypatch)
             assert float64_ok(c), c.describe()
 
 
+def gpt2_case(seed: int) -> tuple:
+    """A small float64 GPT-2 (its head tied to the embedding) and a batch with ignored
+    targets."""
+    config = GPT2Config(40, d_model=32, n_heads=4, n_layers=2, max_len=16, dtype="float64")
+    model = GPT2(config, seed=seed)
+    rng = np.random.default_rng(seed)
+    ids, targets = rng.integers(0, 40, (3, 7)), rng.integers(0, 40, (3, 7))
+    targets[0, :2] = model.ignore_index()
+    return model, (ids, targets)
+
+
+MODEL_CASES = {
+    "seq2seq": lambda seed: model_case("seq2seq", seed),
+    "gpt": lambda seed: model_case("gpt", seed),
+    "gpt2": gpt2_case,
+}
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("model_kind", ["seq2seq", "gpt"])
+@pytest.mark.parametrize("model_kind", MODEL_CASES)
 def test_models_take_strided_read_only_batches(model_kind, layout):
     """The loss, every gradient and the logits bit for bit: ids are read, not reduced."""
     for seed in range(3):
-        model, batch = model_case(model_kind, seed)
+        model, batch = MODEL_CASES[model_kind](seed)
         loss, grads = model.loss_and_grads(*batch)
         logits, _ = model.forward(*batch[:-1])
         strided = tuple(laid_out(layout, ids) for ids in batch)
