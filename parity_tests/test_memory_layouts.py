@@ -101,10 +101,13 @@ MODEL_CASES = {
 }
 
 
+@pytest.mark.parametrize("pieces", PIECES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("model_kind", MODEL_CASES)
-def test_models_take_strided_read_only_batches(model_kind, layout):
-    """The loss, every gradient and the logits bit for bit: ids are read, not reduced."""
+def test_models_take_strided_read_only_batches(model_kind, layout, pieces, monkeypatch):
+    """The loss (MiniGPT's and GPT-2's by the fused readout and loss, in its row blocks when
+    in pieces), every gradient and the logits bit for bit: ids are read, not reduced."""
+    PIECES[pieces](monkeypatch)
     for seed in range(3):
         model, batch = MODEL_CASES[model_kind](seed)
         loss, grads = model.loss_and_grads(*batch)
