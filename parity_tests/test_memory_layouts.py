@@ -25,9 +25,14 @@ from parity_tests.helpers import layer_outputs
 
 def every_other_column(a: np.ndarray) -> np.ndarray:
     """a's values in a read-only view of every other entry of a twice-as-wide array."""
+    return read_only(spread(a))
+
+
+def spread(a: np.ndarray) -> np.ndarray:
+    """a's values in a view of every other entry of a twice-as-wide array."""
     wide = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)
     wide[..., ::2] = a
-    return read_only(wide[..., ::2])
+    return wide[..., ::2]
 
 
 def fortran_order(a: np.ndarray) -> np.ndarray:
@@ -152,9 +157,7 @@ def test_optimizers_take_strided_params_and_gradients(layout, optimizer, clip, p
     flat = flatten(params)
     want_norm = optimizer(params, lr=0.1).step(flat, grads, clip)
     for given in ({key: laid_out(layout, g) for key, g in grads.items()}, flatten(grads)):
-        wide = np.zeros(2 * flat.size)
-        strided = wide[::2]
-        strided[...] = flatten(params)
+        strided = spread(flatten(params))
         given = given if isinstance(given, dict) else every_other_column(given)
         assert optimizer(params, lr=0.1).step(strided, given, clip) == want_norm
         np.testing.assert_array_equal(strided, flat)
