@@ -78,7 +78,9 @@ ENGINE_PARTS = {  # part: functions timed, by module
             "normalize_backward",
         ]
     },
-    "activation": {"layers": ["gelu_forward", "gelu_backward", "relu_forward", "relu_backward"]},
+    "activation": {
+        "activations": ["gelu_forward", "gelu_backward", "relu_forward", "relu_backward"]
+    },
     "embedding": {
         "layers": [
             "embedding_forward",
@@ -123,9 +125,14 @@ def _instrument(timer: PartTimer) -> list:
     each back."""
     import numpy_engine.models.base as base
     import numpy_engine.optim as optim
-    from numpy_engine import attention, layers, losses
+    from numpy_engine import activations, attention, layers, losses
 
-    sources = {"layers": layers, "attention": attention, "losses": losses}
+    sources = {
+        "layers": layers,
+        "activations": activations,
+        "attention": attention,
+        "losses": losses,
+    }
     originals = {}
     for part, by_module in ENGINE_PARTS.items():
         for module_name, names in by_module.items():
@@ -137,10 +144,10 @@ def _instrument(timer: PartTimer) -> list:
             if callable(value) and value in originals:
                 undo.append(functools.partial(setattr, module, name, value))
                 setattr(module, name, timer.wrap(originals[value], value))
-    activations = dict(layers.ACTIVATIONS)  # the activations are called through this table
-    undo.append(functools.partial(layers.ACTIVATIONS.update, activations))
-    for key, pair in activations.items():
-        layers.ACTIVATIONS[key] = tuple(timer.wrap("activation", fn) for fn in pair)
+    table = dict(activations.ACTIVATIONS)  # the activations are called through this table
+    undo.append(functools.partial(activations.ACTIVATIONS.update, table))
+    for key, pair in table.items():
+        activations.ACTIVATIONS[key] = tuple(timer.wrap("activation", fn) for fn in pair)
     for owner, name, part in (
         (base.Model, "flat_grads", "flat gradient"),
         (optim.Optimizer, "step", "optimizer"),

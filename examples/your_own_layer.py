@@ -4,9 +4,9 @@ Run: python examples/your_own_layer.py    (a second; the PyTorch check needs the
 
 RMSNorm (LLaMA's norm) is layernorm without the mean: each row is divided by its root mean
 square, then scaled. The engine has no RMSNorm; this script writes one the way every layer
-in numpy_engine/layers.py is written, a pure forward that returns (out, cache) and a
-backward that returns (dx, {parameter gradients}), and checks the backward as the test
-suite checks the engine's:
+in numpy_engine/layers.py (and activations.py) is written, a pure forward that returns
+(out, cache) and a backward that returns (dx, {parameter gradients}), and checks the
+backward as the test suite checks the engine's:
 
 1. against central finite differences (numpy_engine.gradcheck) in float64, along random
    directions: one difference weighs every entry of a gradient at once;

@@ -15,11 +15,13 @@ BACKWARD_CODE = {
         "learned_positions_backward",
         "layernorm_backward",
         "normalize_backward",
+        "ffn_backward",
+    ),
+    "numpy_engine/activations.py": (
         "relu_backward",
         "gelu_backward",
         "_gelu_block",  # the forward's chain computes the derivative too
         "_gelu_slope",
-        "ffn_backward",
     ),
     "numpy_engine/attention.py": (
         "softmax_backward",
@@ -89,12 +91,14 @@ FORWARD_CODE = {
         "learned_positions_forward",
         "layernorm_forward",
         "normalize_forward",
+        "ffn_forward",
+    ),
+    "numpy_engine/activations.py": (
         "relu_forward",
         "gelu_forward",
         "_gelu_block",
         "_gelu_output_block",
         "_exp_minus_2u",
-        "ffn_forward",
     ),
     "numpy_engine/attention.py": (
         "padding_visible",

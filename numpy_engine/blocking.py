@@ -6,7 +6,7 @@ first pass does. Measured here, one thread, alternating old and new in one proce
 first GELU chains (7 passes forward, 13 backward; median of 15) on float32 (4096, 1024),
 forward 12.2 -> 10.8 ms, backward 15.8 -> 13.3 ms, but on (256, 3072) (3 MB) 0.84 -> 0.92
 and on (1024, 256) 0.24 -> 0.31, so arrays up to 4 MB ran whole. GELU's forward now also
-computes its derivative (16 passes over four arrays, layers.gelu_forward), and blocks pay
+computes its derivative (16 passes over four arrays, activations.gelu_forward), and blocks pay
 at every size past one block (median of 60-80 forwards): (1024, 256) 1.20 -> 1.00 ms,
 (256, 3072) 4.83 -> 3.52 ms, (4096, 1024) 30.0 -> 18.4 ms; A/B char-lm 0.988 and 0.981.
 The results are the same bits: the same operations in the same order, on fewer rows at a

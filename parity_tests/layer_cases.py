@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import torch_reference.modules as TM
+from numpy_engine import activations as Act
 from numpy_engine import attention as A
 from numpy_engine import blocks, losses
 from numpy_engine import layers as L
@@ -139,7 +140,7 @@ TORCH_ACTIVATIONS = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="ta
 
 def activation(rng, kind, B, T, C, mean=0.0) -> LayerCase:
     """x = N(0, 1) + mean: at mean -6 GELU is deep in its tail, where 1 + tanh(u) is tiny."""
-    act_forward, act_backward = L.ACTIVATIONS[kind]
+    act_forward, act_backward = Act.ACTIVATIONS[kind]
     return LayerCase(
         kind,
         {"x": normal(rng, B, T, C) + mean},  # within h of ReLU's kink: probability ~1e-5 a draw

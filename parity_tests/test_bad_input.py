@@ -17,6 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import numpy_engine as ne
+from numpy_engine import activations as Act
 from numpy_engine import attention as A
 from numpy_engine import layers as L
 from numpy_engine import losses
@@ -221,16 +222,16 @@ def test_gelu_refuses_dtypes_other_than_float32_and_float64(dtype):
     would read -0.36 (the true one ~0). So a layer called directly refuses other dtypes
     (the models take only these two)."""
     with pytest.raises(InputTypeError, match="x must be float32 or float64, got " + dtype.__name__):
-        L.gelu_forward(np.linspace(-30, 30, 7).astype(dtype))
+        Act.gelu_forward(np.linspace(-30, 30, 7).astype(dtype))
 
 
 def test_no_backward_through_a_forward_that_kept_no_derivative():
     """Decoding's forward (for_backward=False) keeps no GELU derivative: a backward through
     it is refused by name, through the FFN too."""
     x = np.linspace(-3, 3, 8).reshape(2, 4)
-    _, cache = L.gelu_forward(x, for_backward=False)
+    _, cache = Act.gelu_forward(x, for_backward=False)
     with pytest.raises(InputError, match="for_backward=False"):
-        L.gelu_backward(np.ones_like(x), cache)
+        Act.gelu_backward(np.ones_like(x), cache)
     p = {"fc1.weight": np.ones((3, 4)), "fc1.bias": np.zeros(3)}
     p |= {"fc2.weight": np.ones((4, 3)), "fc2.bias": np.zeros(4)}
     _, cache = L.ffn_forward(x, p, "gelu", for_backward=False)

@@ -175,11 +175,11 @@ def test_no_backward_through_past_keys_and_values():
 
 
 def test_decoding_computes_no_gelu_derivative(monkeypatch):
-    """GELU's forward computes its derivative for the backward (layers.gelu_forward); a
+    """GELU's forward computes its derivative for the backward (activations.gelu_forward); a
     KV-cache decoder's steps never take a backward, so they skip it, a window that slides
     past max_len included (a seq2seq decoder's source is encoded once, by the full
     forward). The full forward, which training runs, still computes it."""
-    from numpy_engine import layers
+    from numpy_engine import activations
 
     def no_derivative(*args):
         raise AssertionError("computed GELU's derivative")
@@ -188,7 +188,7 @@ def test_decoding_computes_no_gelu_derivative(monkeypatch):
     expected = generate(gpt, np.array([[1, 2, 3]]), 5, use_cache=False)
     seq2seq = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(activation="gelu"), seed=0)
     decoder = seq2seq.decoder(np.array([[4, 5, 6]]))
-    monkeypatch.setattr(layers, "_gelu_slope", no_derivative)
+    monkeypatch.setattr(activations, "_gelu_slope", no_derivative)
     np.testing.assert_array_equal(generate(gpt, np.array([[1, 2, 3]]), 5), expected)
     for token in (4, 5, 6):
         decoder.append(np.array([token]))

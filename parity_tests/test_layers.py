@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from numpy_engine import activations as Act
 from numpy_engine import blocks, losses
 from numpy_engine import layers as L
 from numpy_engine.faster import FasterOfTwo
@@ -40,18 +41,18 @@ def rng_of(seed: int) -> np.random.Generator:
 
 
 # GELU's e = exp(-2u) by exp2 (AVX-512 machines) or exp (the rest): each machine runs one
-# (layers.GELU_EXP), and these tests run both, wherever they run
-EXP_FORMS = {"exp2": L.exp_form(np.exp2), "exp": L.exp_form(np.exp)}
+# (activations.GELU_EXP), and these tests run both, wherever they run
+EXP_FORMS = {"exp2": Act.exp_form(np.exp2), "exp": Act.exp_form(np.exp)}
 
 
 @contextlib.contextmanager
 def gelu_exp(name: str):
     """GELU computed with EXP_FORMS[name] inside the block (usable inside @given tests)."""
-    chosen, L.GELU_EXP = L.GELU_EXP, EXP_FORMS[name]
+    chosen, Act.GELU_EXP = Act.GELU_EXP, EXP_FORMS[name]
     try:
         yield
     finally:
-        L.GELU_EXP = chosen
+        Act.GELU_EXP = chosen
 
 
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "folded input affine"])
@@ -385,12 +386,12 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
     rng = rng_of(0)
     x = (3 * rng.standard_normal((2, 5, 7))).astype(np.float32)
     dout = rng.standard_normal(x.shape).astype(np.float32)
-    whole, cache = L.gelu_forward(x)
-    whole_dx = L.gelu_backward(dout, cache)
+    whole, cache = Act.gelu_forward(x)
+    whole_dx = Act.gelu_backward(dout, cache)
     monkeypatch.setattr(blocking, "BLOCK_BYTES", 3 * 7 * 4)
-    blocked, cache = L.gelu_forward(x)
+    blocked, cache = Act.gelu_forward(x)
     assert np.array_equal(blocked, whole)
-    assert np.array_equal(L.gelu_backward(dout, cache), whole_dx)
+    assert np.array_equal(Act.gelu_backward(dout, cache), whole_dx)
 
 
 @pytest.mark.parametrize("for_backward", [True, False])
@@ -398,7 +399,7 @@ def test_blocked_gelu_is_bit_identical_to_the_whole_array(monkeypatch):
 def test_activation_forward_into_its_own_input_is_the_fresh_result(kind, for_backward):
     """ffn_forward writes the activation over fc1's fresh output (act_forward(h, out=h)): the
     same bits and the same backward as into a fresh array, in h itself."""
-    act_forward, act_backward = L.ACTIVATIONS[kind]
+    act_forward, act_backward = Act.ACTIVATIONS[kind]
     rng = rng_of(1)
     x = np.concatenate([[0.0, -0.0, -40.0, 40.0], 3 * rng.standard_normal(40)]).astype(np.float32)
     dout = rng.standard_normal(x.shape).astype(np.float32)
@@ -418,7 +419,7 @@ def test_activation_of_strided_arrays_is_the_contiguous_result(kind, for_backwar
     """An x or an out whose rows are not views of it (a transposed array: GELU's row blocks
     would read or write copies) gets the same bits, and the same backward, as contiguous
     arrays: GELU writes into arrays of its own then."""
-    act_forward, act_backward = L.ACTIVATIONS[kind]
+    act_forward, act_backward = Act.ACTIVATIONS[kind]
     rng = rng_of(2)
     x, dout = (3 * rng.standard_normal((2, 3, 6))).astype(np.float32), rng.standard_normal(6)
     fresh, fresh_cache = act_forward(x, for_backward)
@@ -437,7 +438,7 @@ def test_activation_of_strided_arrays_is_the_contiguous_result(kind, for_backwar
 def test_activation_backward_into_its_own_dout_is_the_fresh_result(kind):
     """ffn_backward writes dh over da (act_backward(da, cache, out=da)): the same bits as a
     fresh dh, in da itself; the cache is left as it was, for another backward."""
-    act_forward, act_backward = L.ACTIVATIONS[kind]
+    act_forward, act_backward = Act.ACTIVATIONS[kind]
     rng = rng_of(0)
     x = np.concatenate([[0.0, -0.0], 3 * rng.standard_normal(40)]).astype(np.float32)
     dout = rng.standard_normal(x.shape).astype(np.float32)
@@ -464,8 +465,8 @@ def test_gelu_deep_in_its_tails_raises_no_floating_point_error(dtype, tail, exp)
     x = np.concatenate([np.linspace(*tail, 3001), -np.linspace(*tail, 3001)]).astype(dtype)
     dout = rng_of(0).standard_normal(x.shape).astype(dtype)
     with np.errstate(over="raise", divide="raise"), gelu_exp(exp):
-        out, cache = L.gelu_forward(x)
-        dx = L.gelu_backward(dout, cache)
+        out, cache = Act.gelu_forward(x)
+        dx = Act.gelu_backward(dout, cache)
     x_ref = torch.tensor(x, dtype=torch.float64, requires_grad=True)
     out_ref = torch.nn.functional.gelu(x_ref, approximate="tanh")
     out_ref.backward(torch.tensor(dout, dtype=torch.float64))
@@ -580,8 +581,8 @@ def test_gelu_without_its_derivative_is_the_same_output(dtype, exp):
     included; where e is capped at a power of two (exp2's 2^cap), both are x 2^-cap exactly."""
     x = np.concatenate([np.linspace(-25, 25, 2002), [-1e3, 1e3]]).astype(dtype).reshape(3, -1)
     with gelu_exp(exp):
-        out, slope = L.gelu_forward(x)
-        forward_only, cache = L.gelu_forward(x, for_backward=False)
+        out, slope = Act.gelu_forward(x)
+        forward_only, cache = Act.gelu_forward(x, for_backward=False)
     assert cache is None and slope.shape == x.shape
     np.testing.assert_allclose(forward_only, out, rtol=2 * np.finfo(dtype).eps, atol=0)
     capped = x < -22  # past float32 x ~ -10.0 and float64 ~ -21.1

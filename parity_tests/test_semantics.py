@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import numpy_engine as ne
+from numpy_engine import activations as Act
 from numpy_engine import attention as A
 from numpy_engine import layers as L
 from numpy_engine import losses
@@ -34,12 +35,12 @@ def test_embedding_repeated_ids_accumulate():
 
 
 def test_relu_gradient_at_zero_is_zero():
-    _, cache = L.relu_forward(np.array([-1.0, 0.0, 2.0]))
-    np.testing.assert_array_equal(L.relu_backward(np.ones(3), cache), [0.0, 0.0, 1.0])
+    _, cache = Act.relu_forward(np.array([-1.0, 0.0, 2.0]))
+    np.testing.assert_array_equal(Act.relu_backward(np.ones(3), cache), [0.0, 0.0, 1.0])
 
 
 def test_gelu_is_the_tanh_form():
-    out, _ = L.gelu_forward(np.array([1.0, -0.5]))
+    out, _ = Act.gelu_forward(np.array([1.0, -0.5]))
     inner = math.sqrt(2 / math.pi) * (1.0 + 0.044715)
     assert out[0] == pytest.approx(0.5 * (1 + math.tanh(inner)), rel=1e-15)
     assert out[0] != pytest.approx(0.8413447460685429, rel=1e-6)  # the exact-erf GELU(1)
