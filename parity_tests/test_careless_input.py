@@ -255,6 +255,7 @@ def test_an_engine_bug_surfaces_as_the_bug_it_is(monkeypatch, capsys):
     """Only InputError (and a file's OSError) is the user's mistake: exit 2 and one line. A
     TypeError or ValueError from inside the engine is a bug and keeps its traceback."""
     import numpy_engine.cli as cli
+    import numpy_engine.cli_generate as cli_generate
     from numpy_engine.checks import InputError
 
     def buggy(args):
@@ -264,10 +265,10 @@ def test_an_engine_bug_surfaces_as_the_bug_it_is(monkeypatch, capsys):
         raise InputError("--source ids must be symbols 4..11, got [1]")
 
     argv = ["generate", "--checkpoint", "unused", "--source", "4"]
-    monkeypatch.setattr(cli, "run_generate", buggy)
+    monkeypatch.setattr(cli_generate, "run_generate", buggy)
     with pytest.raises(TypeError, match="unsupported operand"):
         cli.main(argv)
-    monkeypatch.setattr(cli, "run_generate", refused)
+    monkeypatch.setattr(cli_generate, "run_generate", refused)
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.strip() == (
         "numpy-engine generate: error: --source ids must be symbols 4..11, got [1]"
@@ -283,11 +284,12 @@ def test_an_engine_bug_surfaces_as_the_bug_it_is(monkeypatch, capsys):
 )
 def test_a_run_that_stops_exits_1_where_bad_input_exits_2(monkeypatch, capsys, error, said):
     import numpy_engine.cli as cli
+    import numpy_engine.cli_generate as cli_generate
 
     def stops(args):
         raise error
 
-    monkeypatch.setattr(cli, "run_generate", stops)
+    monkeypatch.setattr(cli_generate, "run_generate", stops)
     assert cli.main(["generate", "--checkpoint", "unused", "--source", "4"]) == 1
     assert capsys.readouterr().err.startswith(f"numpy-engine generate: stopped: {said}")
 

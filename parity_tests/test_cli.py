@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from crosscheck.cli import build_parser as crosscheck_parser
-from numpy_engine import cli
+from numpy_engine import cli_generate
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import build_parser as engine_parser
 from numpy_engine.cli import main as engine_main
@@ -550,9 +550,14 @@ def test_generate_from_a_prompt_is_the_librarys_generate(
     corpus = corpus_from_meta(checkpoint.meta)
     ids = corpus.encode("to ")
     wanted = corpus.decode(generate(checkpoint.model, ids, *expected)[0]) + "\n"
-    events, make_decoder, show = [], MiniGPT.decoder, cli._show
+    events, make_decoder, show = [], MiniGPT.decoder, cli_generate._show
     monkeypatch.setattr(MiniGPT, "decoder", recorded_decoder(make_decoder, events))
-    monkeypatch.setattr(cli, "_show", lambda piece: (events.append(("show", piece)), show(piece)))
+
+    def shown(piece: str) -> None:
+        events.append(("show", piece))
+        show(piece)
+
+    monkeypatch.setattr(cli_generate, "_show", shown)
     capsys.readouterr()
     run = ["generate", "--checkpoint", str(untrained_char), "--prompt", "to ", *flags]
     assert engine_main(run) == 0
