@@ -14,6 +14,7 @@ import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.dropout import training_rng
+from numpy_engine.evaluation import heldout_loss
 from numpy_engine.generate import generate
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW, no_decay_keys
@@ -26,7 +27,6 @@ from numpy_engine.tasks import (
     read_text,
     split_off_heldout,
 )
-from numpy_engine.train import heldout_loss
 
 SEED, STEPS, BATCH_SIZE, CONTEXT, HOLDOUT = 7, 200, 8, 32, 0.1
 text = read_text(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_TEXT

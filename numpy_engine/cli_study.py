@@ -290,8 +290,8 @@ def run_eval(args: argparse.Namespace) -> int:
     import math
 
     from numpy_engine.checkpoint import load_checkpoint
+    from numpy_engine.evaluation import heldout_loss
     from numpy_engine.tasks import every_target_once, read_text
-    from numpy_engine.train import heldout_loss
 
     text = read_text(args.text)  # before a checkpoint that may take seconds to read
     checkpoint = load_checkpoint(args.checkpoint, optimizer=False)

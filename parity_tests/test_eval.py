@@ -161,13 +161,13 @@ def test_a_text_of_two_tokens_is_measured_and_one_token_of_several_characters_re
 def test_evals_default_batch_holds_4096_tokens(
     monkeypatch, capsys, char_run, tokens, extra, batch_size
 ):
-    from numpy_engine import cli_study, train
+    from numpy_engine import cli_study, evaluation
 
     monkeypatch.setattr(cli_study, "EVAL_BATCH_TOKENS", tokens)
 
-    taken, measure = [], train.heldout_loss
+    taken, measure = [], evaluation.heldout_loss
     monkeypatch.setattr(
-        train, "heldout_loss", lambda *a, **k: taken.append(a[2]) or measure(*a, **k)
+        evaluation, "heldout_loss", lambda *a, **k: taken.append(a[2]) or measure(*a, **k)
     )
     args = ["eval", "--checkpoint", str(char_run), "--text", str(char_run / "text.txt")]
     (char_run / "text.txt").write_text(DEFAULT_TEXT)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from numpy_engine import train
+from numpy_engine import evaluation, train
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main
 from numpy_engine.configs import CharTrainConfig
@@ -54,7 +54,7 @@ def test_only_an_evaluation_below_every_earlier_one_is_kept(tmp_path, monkeypatc
     and the fifth; a tie keeps the earlier. A rank that does not write keeps nothing."""
     written = []
     monkeypatch.setattr(
-        train, "save_checkpoint", lambda out, model, opt, meta: written.append(meta)
+        evaluation, "save_checkpoint", lambda out, model, opt, meta: written.append(meta)
     )
     losses = iter([2.0, 2.5, 1.0])
     history = {"eval": [{"step": 1, "heldout_loss": 3.0}, {"step": 2, "heldout_loss": 2.0}]}
@@ -64,7 +64,7 @@ def test_only_an_evaluation_below_every_earlier_one_is_kept(tmp_path, monkeypatc
         state.history["eval"].append({"step": state.step, "heldout_loss": next(losses)})
         return "  held-out loss"
 
-    keep = train._keeping_the_best(evaluate, tmp_path / "best", {"vocabulary": "ab"}, True)
+    keep = evaluation._keeping_the_best(evaluate, tmp_path / "best", {"vocabulary": "ab"}, True)
     lines = []
     for step in (3, 4, 5):
         state.step = step
@@ -75,7 +75,7 @@ def test_only_an_evaluation_below_every_earlier_one_is_kept(tmp_path, monkeypatc
     history["eval"], losses = [], iter([4.0, 3.0, 5.0, 2.0])
     keep(state)  # a run's first evaluation is the best so far
     assert written[-1] == {"step": 5, "heldout_loss": 4.0, "vocabulary": "ab"}
-    quiet = train._keeping_the_best(evaluate, tmp_path / "best", {}, False)
+    quiet = evaluation._keeping_the_best(evaluate, tmp_path / "best", {}, False)
     assert quiet(state).endswith("best so far: kept in " + str(tmp_path / "best"))  # 3.0
     assert quiet(state) == "  held-out loss"  # 5.0
     assert quiet(state).endswith("best so far: kept in " + str(tmp_path / "best"))  # 2.0
@@ -87,7 +87,9 @@ def test_a_nan_held_out_loss_is_never_kept_nor_the_best_later_ones_must_beat(tmp
     and no later loss could beat it. Losses 2, NaN, 3, 1.5: kept at 2 and at 1.5 only."""
     written = []
     monkeypatch.setattr(
-        train, "save_checkpoint", lambda out, model, opt, meta: written.append(meta["heldout_loss"])
+        evaluation,
+        "save_checkpoint",
+        lambda out, model, opt, meta: written.append(meta["heldout_loss"]),
     )
     losses = iter([2.0, float("nan"), 3.0, 1.5])
     state = TrainState(None, None, None, 0, {"eval": []})
@@ -96,24 +98,24 @@ def test_a_nan_held_out_loss_is_never_kept_nor_the_best_later_ones_must_beat(tmp
         state.history["eval"].append({"step": state.step, "heldout_loss": next(losses)})
         return ""
 
-    keep = train._keeping_the_best(evaluate, tmp_path / "best", {}, True)
+    keep = evaluation._keeping_the_best(evaluate, tmp_path / "best", {}, True)
     kept = [keep(state) != "" for _ in range(4)]
     assert kept == [True, False, False, True] and written == [2.0, 1.5]
-    assert train.best_evaluation(state.history["eval"])["heldout_loss"] == 1.5
+    assert evaluation.best_evaluation(state.history["eval"])["heldout_loss"] == 1.5
     nan_first = [{"step": 1, "heldout_loss": float("nan")}, {"step": 2, "heldout_loss": 4.0}]
-    assert train.best_evaluation(nan_first)["step"] == 2
-    assert train.best_evaluation(nan_first[:1]) is None
+    assert evaluation.best_evaluation(nan_first)["step"] == 2
+    assert evaluation.best_evaluation(nan_first[:1]) is None
     only_nan = TrainState(None, None, None, 1, {"eval": nan_first[:1]})
     checkpointing = train.Checkpointing(tmp_path, None, keep_best=True)
-    assert train._best_result(only_nan, checkpointing) == {"best": None}
+    assert evaluation.best_result(only_nan, checkpointing) == {"best": None}
     train._refuse_a_best_already_lost(tmp_path, only_nan.history)  # no best was there to lose
 
 
 def test_a_run_without_keep_best_reports_no_best(tmp_path):
     state = TrainState(None, None, None, 2, {"eval": [{"step": 2, "heldout_loss": 1.0}]})
-    assert train._best_result(state, None) == {}
-    assert train._best_result(state, train.Checkpointing(tmp_path, None)) == {}
-    kept = train._best_result(state, train.Checkpointing(tmp_path, None, keep_best=True))
+    assert evaluation.best_result(state, None) == {}
+    assert evaluation.best_result(state, train.Checkpointing(tmp_path, None)) == {}
+    kept = evaluation.best_result(state, train.Checkpointing(tmp_path, None, keep_best=True))
     assert kept == {"best": {"step": 2, "heldout_loss": 1.0, "checkpoint": str(tmp_path / "best")}}
 
 

@@ -20,9 +20,10 @@ import pytest
 import numpy_engine as ne
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.checks import InputError
+from numpy_engine.evaluation import heldout_loss
 from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, every_target_once, split_off_heldout
-from numpy_engine.train import SequenceTrainConfig, heldout_loss, train_sequence_task
+from numpy_engine.train import SequenceTrainConfig, train_sequence_task
 from parity_tests.mpi_runs import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import numpy_engine as ne
-from numpy_engine import loop, tasks, train
+from numpy_engine import evaluation, loop, tasks, train
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.generate import greedy_decode
 from numpy_engine.loop import TrainState, empty_history
@@ -352,13 +352,13 @@ def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target
 def test_a_run_in_micro_batches_evaluates_in_micro_batches(monkeypatch):
     """--accumulate saves memory: the held-out windows go through the model as many at a
     time as a micro-batch, and their mean loss is the same to rounding."""
-    rows, measure = [], train.heldout_loss
+    rows, measure = [], evaluation.heldout_loss
 
     def spy(model, windows, batch_size, group):  # the windows a forward pass takes
         rows.append(batch_size)
         return measure(model, windows, batch_size, group)
 
-    monkeypatch.setattr(train, "heldout_loss", spy)
+    monkeypatch.setattr(evaluation, "heldout_loss", spy)
     cfg = CharTrainConfig(steps=2, context=8, batch_size=8, holdout=0.25, eval_every=2)
     whole = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=None)
     micro = DataParallel(OneProcess(), accumulate=3)  # micro-batches of 3, 3 and 2 windows
