@@ -52,14 +52,16 @@ BACKWARD_CODE = {
         "dot_last",
         "mean_last",
     ),
-    "numpy_engine/optim.py": (
+    "numpy_engine/clipping.py": (
         "clip_grad_norm",
         "global_norm",
-        "_norm_of_blocks",
+        "norm_of_blocks",
         "_block_squares",
         "_squares",
         "clip_coefficient",
         "Gradients.block",
+    ),
+    "numpy_engine/optim.py": (
         "Optimizer.step",
         "Optimizer._scratches",
         "SGD._update_block",

@@ -68,9 +68,9 @@ def test_the_recorded_copy_step_is_the_calls_the_bench_counts():
 def test_a_step_counts_the_same_calls_whatever_the_engines_threads(monkeypatch):
     """char-lm's optimizer on three threads (a block a thread): the count is one thread's, and
     the engine's threads are put back after."""
-    from numpy_engine import optim, threads
+    from numpy_engine import clipping, threads
 
-    monkeypatch.setattr(optim, "THREAD_BLOCKS", 1)
+    monkeypatch.setattr(clipping, "THREAD_BLOCKS", 1)
     model, optimizer, batches = workloads.build(workloads.WORKLOADS["char-lm"], 2)
     workloads.engine_step(model, optimizer, batches[0])
     before = threads.threads()

@@ -14,7 +14,7 @@ import pytest
 
 from crosscheck.compare import compare, float64_ok
 from numpy_engine import attention as A
-from numpy_engine import blocking, losses, optim
+from numpy_engine import blocking, clipping, losses
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import Adam, AdamW
@@ -60,7 +60,7 @@ def in_smallest_pieces(monkeypatch) -> None:
     monkeypatch.setattr(A, "WHOLE_BYTES", 0)
     monkeypatch.setattr(A, "GROUP_BYTES", 1)
     monkeypatch.setattr(losses, "FUSED_BLOCK_BYTES", 1)
-    monkeypatch.setattr(optim, "BLOCK_BYTES", 8)
+    monkeypatch.setattr(clipping, "BLOCK_BYTES", 8)
 
 
 PIECES = {"whole": lambda monkeypatch: None, "in pieces": in_smallest_pieces}

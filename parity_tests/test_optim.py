@@ -7,6 +7,7 @@ works as a model does: named views of one flat vector, stepped with one flat gra
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import threading
@@ -19,7 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from crosscheck.compare import compare
-from numpy_engine import optim, threads
+from numpy_engine import clipping, optim, threads
 from numpy_engine.checks import InputError
 from numpy_engine.optim import SGD, Adam, AdamW, clip_grad_norm, no_decay_keys
 from numpy_engine.params import flatten, unflatten
@@ -36,6 +37,17 @@ weight_decays = st.sampled_from([0.0, 0.01, 0.1])
 def assert_close(name: str, ours: np.ndarray, ref: torch.Tensor) -> None:
     c = compare(name, ours, ref.detach().numpy())
     assert c.diff_norm <= RTOL * c.ref_norm, c.describe()
+
+
+@contextlib.contextmanager
+def block_sizes(block_bytes: int, gather_whole_blocks: int):
+    """Optimizers made inside walk their vectors in blocks of block_bytes, and gather a grads
+    dict of at most gather_whole_blocks blocks whole."""
+    with (
+        mock.patch.object(clipping, "BLOCK_BYTES", block_bytes),
+        mock.patch.object(optim, "GATHER_WHOLE_BLOCKS", gather_whole_blocks),
+    ):
+        yield
 
 
 def random_params(rng: np.random.Generator) -> tuple[np.ndarray, dict]:
@@ -167,7 +179,7 @@ def test_no_decay_is_torchs_param_group_of_weight_decay_0(
     ours, theirs = {"adam": (Adam, torch.optim.Adam), "adamw": (AdamW, torch.optim.AdamW)}[kind]
 
     def in_blocks(params):
-        with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
+        with mock.patch.object(clipping, "BLOCK_BYTES", 8 * block_entries):
             return ours(params, lr=lr, weight_decay=weight_decay, no_decay=no_decay)
 
     torch_twin = torch_without_decay_on(theirs, no_decay, lr, weight_decay)
@@ -196,7 +208,7 @@ def test_adamw_decays_the_parts_of_each_block_that_hold_decayed_parameters(
 ):
     """Blocks over w 0..12, b 12..16, e 16..26: the slices of each block that decay."""
     _, params = random_params(np.random.default_rng(0))
-    with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
+    with mock.patch.object(clipping, "BLOCK_BYTES", 8 * block_entries):
         optimizer = AdamW(params, no_decay=no_decay)
     assert optimizer.decayed == parts
 
@@ -380,7 +392,7 @@ def test_a_step_reads_the_grads_dict_as_the_flat_vector_block_by_block(
     flat, params = random_params(rng)
     twin, whole_twin = flat.copy(), flat.copy()
     few_blocks = 10**9 if gather_whole else 1  # GATHER_WHOLE_BLOCKS: every vector, or none
-    with mock.patch.multiple(optim, BLOCK_BYTES=8 * block_entries, GATHER_WHOLE_BLOCKS=few_blocks):
+    with block_sizes(8 * block_entries, gather_whole_blocks=few_blocks):
         from_dict, from_flat = make(params), make(unflatten(twin, params))
     whole = make(unflatten(whole_twin, params))
     assert len(from_dict.pieces) == -(-flat.size // block_entries) and len(whole.pieces) == 1
@@ -414,8 +426,7 @@ def test_a_block_ending_inside_a_one_row_array_gathers_every_array_it_spans(shap
     rng = np.random.default_rng(0)
     flat = flatten({key: rng.standard_normal(shape) for key, shape in shapes.items()})
     params, twin = unflatten(flat, {k: np.empty(s) for k, s in shapes.items()}), flat.copy()
-    blocks = dict(BLOCK_BYTES=8 * block_entries, GATHER_WHOLE_BLOCKS=1)  # block by block
-    with mock.patch.multiple(optim, **blocks):
+    with block_sizes(8 * block_entries, gather_whole_blocks=1):  # block by block
         from_dict, from_flat = Adam(params, lr=0.01), Adam(unflatten(twin, params), lr=0.01)
     grads = {key: rng.standard_normal(shape) for key, shape in shapes.items()}
     from_dict.step(flat, grads)
@@ -439,15 +450,15 @@ def test_a_step_on_several_threads_is_the_one_thread_step_bit_for_bit(kind, dtyp
     flat, params = random_params(rng)
     flat = flat.astype(dtype)
     params, twin = unflatten(flat, params), flat.copy()
-    with mock.patch.multiple(optim, BLOCK_BYTES=3 * flat.itemsize, GATHER_WHOLE_BLOCKS=1):
+    with block_sizes(3 * flat.itemsize, gather_whole_blocks=1):
         threaded, single = make(params), make(unflatten(twin, params))
-    ran_on, block = set(), optim.Gradients.block
+    ran_on, block = set(), clipping.Gradients.block
 
     def recorded(gradients, piece, scratch):
         ran_on.add(threading.get_ident())
         return block(gradients, piece, scratch)
 
-    two_blocks_a_thread = mock.patch.object(optim, "THREAD_BLOCKS", 2)
+    two_blocks_a_thread = mock.patch.object(clipping, "THREAD_BLOCKS", 2)
     before = threads.threads()
     try:
         for scale in (5.0, 0.01, 5.0):  # clipped, not clipped, clipped
@@ -457,7 +468,7 @@ def test_a_step_on_several_threads_is_the_one_thread_step_bit_for_bit(kind, dtyp
             threads.set_threads(1)
             norm = single.step(twin, grads, max_grad_norm=0.5)
             threads.set_threads(3)
-            with mock.patch.object(optim.Gradients, "block", recorded), two_blocks_a_thread:
+            with mock.patch.object(clipping.Gradients, "block", recorded), two_blocks_a_thread:
                 assert threaded.step(flat, grads, max_grad_norm=0.5) == norm
             np.testing.assert_array_equal(flat, twin)
             for name, moment in threaded.flat_state.items():
@@ -492,7 +503,7 @@ def test_threads_updating_real_blocks_at_once_share_no_scratch(dtype):
             threads.set_threads(1)
             norm = single.step(twin, grads, max_grad_norm=1.0)
             threads.set_threads(3)
-            with mock.patch.object(optim, "THREAD_BLOCKS", 1):
+            with mock.patch.object(clipping, "THREAD_BLOCKS", 1):
                 assert threaded.step(flat, grads, max_grad_norm=1.0) == norm
             np.testing.assert_array_equal(flat, twin)
             for name, moment in threaded.flat_state.items():
@@ -511,16 +522,16 @@ def test_a_step_reads_each_gradient_block_once_unless_it_takes_the_norm(
     """26 entries in 9 blocks of 3: the update reads each block once, and the norm (for
     clipping, or to find a NaN) once more; a step that needs no norm takes none."""
     flat, params = random_params(np.random.default_rng(0))
-    with mock.patch.multiple(optim, BLOCK_BYTES=8 * 3, GATHER_WHOLE_BLOCKS=1):
+    with block_sizes(8 * 3, gather_whole_blocks=1):
         optimizer = AdamW(params, lr=0.01)
     grads = {key: np.ones_like(value) for key, value in params.items()}
-    read, block = [], optim.Gradients.block
+    read, block = [], clipping.Gradients.block
 
     def counted(gradients, piece, scratch):
         read.append(piece)
         return block(gradients, piece, scratch)
 
-    with mock.patch.object(optim.Gradients, "block", counted):
+    with mock.patch.object(clipping.Gradients, "block", counted):
         optimizer.step(flat, grads, max_grad_norm=max_norm, error_if_nonfinite=error_if_nonfinite)
     assert len(read) == reads
 
@@ -532,7 +543,7 @@ def test_a_grads_dict_of_a_few_blocks_is_gathered_once_whole(block_entries, gath
     of 6, block by block: the one block that spans arrays, 12..18, is gathered for the norm
     and again for the update."""
     flat, params = random_params(np.random.default_rng(0))
-    with mock.patch.object(optim, "BLOCK_BYTES", 8 * block_entries):
+    with mock.patch.object(clipping, "BLOCK_BYTES", 8 * block_entries):
         optimizer = AdamW(params, lr=0.01)
     grads = {key: np.ones_like(value) for key, value in params.items()}
     with mock.patch.object(optim.np, "concatenate", wraps=np.concatenate) as concatenate:
@@ -567,10 +578,10 @@ def test_error_if_nonfinite_leaves_a_finite_step_as_it_was(max_norm):
         (lambda g: g | {"w": g["w"].tolist()}, "grads['w'] must be an array, got list"),
     ],
 )
-@pytest.mark.parametrize("block_bytes", [optim.BLOCK_BYTES, 40])  # one block; blocks of 5
+@pytest.mark.parametrize("block_bytes", [clipping.BLOCK_BYTES, 40])  # one block; blocks of 5
 def test_step_refuses_a_grads_dict_that_does_not_fit_the_params(change, words, block_bytes):
     flat, params = random_params(np.random.default_rng(0))
-    with mock.patch.object(optim, "BLOCK_BYTES", block_bytes):
+    with mock.patch.object(clipping, "BLOCK_BYTES", block_bytes):
         optimizer, before = Adam(params, lr=0.01), flat.copy()
     grads = {key: np.ones_like(value) for key, value in params.items()}
     with pytest.raises(InputError, match=re.escape(words)):
@@ -602,7 +613,7 @@ def test_error_if_nonfinite_refuses_a_nan_or_inf_gradient_before_any_update(bad,
     assert not np.isfinite(flat).all() and optimizer.step_count == 2
 
 
-FLOAT32_ROW_BOUND = optim.SQUARES_ROW * float(np.finfo(np.float32).epsneg) / 2  # 7.6e-6
+FLOAT32_ROW_BOUND = clipping.SQUARES_ROW * float(np.finfo(np.float32).epsneg) / 2  # 7.6e-6
 
 
 def test_float32_norm_sums_squares_in_short_rows_then_in_float64():
@@ -619,7 +630,7 @@ def test_float32_norm_sums_squares_in_short_rows_then_in_float64():
     exact = float(np.linalg.norm(dominated.astype(np.float64)))
     one_dot = math.sqrt(float(np.dot(dominated, dominated)))
     assert abs(one_dot - exact) > FLOAT32_ROW_BOUND * exact  # the failure the rows avoid
-    assert abs(optim.global_norm(dominated) - exact) <= FLOAT32_ROW_BOUND * exact
+    assert abs(clipping.global_norm(dominated) - exact) <= FLOAT32_ROW_BOUND * exact
 
 
 @pytest.mark.parametrize(
@@ -655,13 +666,13 @@ def test_float32_squares_out_of_range_are_summed_in_float64(entries, words):
 def test_float32_blocks_out_of_range_anywhere_in_the_vector_are_summed_in_float64(
     monkeypatch, blocks
 ):
-    """Blocks of 256 entries (optim.BLOCK_BYTES patched): each block whose float32 squares
+    """Blocks of 256 entries (clipping.BLOCK_BYTES patched): each block whose float32 squares
     leave float32's range is redone in float64, whichever block it is, in one float64
     scratch that a short last block uses only the start of."""
-    monkeypatch.setattr(optim, "BLOCK_BYTES", 256 * 4)
+    monkeypatch.setattr(clipping, "BLOCK_BYTES", 256 * 4)
     grads = np.concatenate(blocks).astype(np.float32)
     exact = float(np.linalg.norm(grads.astype(np.float64)))
-    assert abs(optim.global_norm(grads) - exact) <= 1e-15 * exact
+    assert abs(clipping.global_norm(grads) - exact) <= 1e-15 * exact
 
 
 @pytest.mark.parametrize("lr", [0.0, -1e-3, math.inf, math.nan])
