@@ -102,16 +102,19 @@ FORWARD_CODE = {
         "_gelu_output_block",
         "_exp_minus_2u",
     ),
-    "numpy_engine/attention.py": (
+    "numpy_engine/masks.py": (
         "padding_visible",
         "causal_visible",
         "check_every_row_sees_a_key",
+        "hidden_scores",
+        "hidden_limit",
+    ),
+    "numpy_engine/attention.py": (
         "softmax_last",
         "batch_groups",
         "attention_forward",
         "scaled_transpose",
         "_weights",
-        "hidden_limit",
         "split_heads",
         "heads_buffer",
         "_qkv",

@@ -1,16 +1,16 @@
-"""Masks, scaled dot-product attention and multi-head attention.
+"""Scaled dot-product attention and multi-head attention (self and cross, with past keys
+and values for decoding).
 
 Shape legend: B batch, H heads, Tq query positions, Tk key positions,
 hs = C // H head width, C channels.
 
-A mask is a boolean "visible" array (True = this query may attend to this key)
-broadcastable to (B, H, Tq, Tk). Hidden scores become -inf before the softmax,
-so hidden weights are exactly 0. A query row with no visible key is a ValueError.
+The masks are masks.py's boolean "visible" arrays (True = this query may attend to this
+key), broadcastable to (B, H, Tq, Tk). Hidden scores become -inf before the softmax, so
+hidden weights are exactly 0. A query row with no visible key is an InputError.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -27,36 +27,8 @@ from numpy_engine.layers import (
     stacked,
     unstacked,
 )
+from numpy_engine.masks import hidden_scores
 from numpy_engine.reductions import dot_last, mean_second_last, sum_last
-
-# ------------------------------------------------------------------------------ masks
-
-
-def padding_visible(ids: np.ndarray, pad_id: int) -> np.ndarray:
-    """Keys that are not padding: (B, 1, 1, Tk), broadcast over heads and queries."""
-    return (ids != pad_id)[:, None, None, :]
-
-
-@functools.lru_cache(maxsize=64)
-def causal_visible(T: int) -> np.ndarray:
-    """Query t sees keys 0..t: (1, 1, T, T) lower triangle. Read-only and cached: building it
-    took 5 us a forward (np.tril), for the same few lengths every step."""
-    visible = np.tril(np.ones((T, T), dtype=bool))[None, None]
-    visible.flags.writeable = False
-    return visible
-
-
-def check_every_row_sees_a_key(visible: np.ndarray, scores_shape: tuple) -> None:
-    """A row with no visible key has no softmax (0/0); refuse it instead of returning NaN."""
-    row_sees_a_key = visible.any(axis=-1)  # broadcastable to (B, H, Tq)
-    if row_sees_a_key.all():
-        return
-    b, h, t = np.argwhere(~np.broadcast_to(row_sees_a_key, scores_shape[:-1]))[0]  # which row
-    raise InputError(
-        f"visible: the query at batch row {b}, position {t} (head {h}) has no visible key; "
-        "every query must be allowed to attend to at least one key"
-    )
-
 
 # --------------------------------------------------------- scaled dot-product attention
 
@@ -155,14 +127,7 @@ def attention_forward(
     the study commands. drop: a dropout mask (B, H, Tq, Tk) on the weights (dropout.py):
     y = (weights * drop) v; the cache keeps the weights before it, and the mask."""
     shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Tq, Tk)
-    hidden = None
-    if visible is not None and _is_shared_causal(visible):
-        hidden = causal_limit(visible.shape[-1], np.result_type(q, k))  # every row sees a key
-    elif visible is not None:
-        check_every_row_sees_a_key(visible, shape)
-        hidden = ~visible.reshape((1,) * (4 - visible.ndim) + visible.shape)  # 4-D
-        if hidden.shape[:2] == (1, 1):  # one (Tq, Tk) mask for every batch row and head
-            hidden = hidden_limit(hidden, np.result_type(q, k))
+    hidden = hidden_scores(visible, shape, np.result_type(q, k))
     groups = batch_groups(shape, q.itemsize)
     if len(groups) == 1:
         weights = _weights(q, k, hidden)
@@ -201,7 +166,8 @@ def scaled_transpose(x: np.ndarray) -> np.ndarray:
 
 def _weights(q, k, hidden, out=None) -> np.ndarray:
     """softmax(q k^T / sqrt(hs), hidden entries at -inf): (n, H, Tq, Tk), into out if given.
-    hidden: None, a 4-D boolean mask (True = hidden), or a shared mask's hidden_limit."""
+    hidden: as masks.hidden_scores gives it: None, a 4-D boolean mask (True = hidden), or
+    a shared mask's hidden_limit."""
     if q.shape[-2] > 1:
         scores = q @ scaled_transpose(k)
     else:  # one query (a decoding step): the product reads k once, a copy would only add a
@@ -213,32 +179,6 @@ def _weights(q, k, hidden, out=None) -> np.ndarray:
         rows = scores.reshape(-1, hidden.size)  # a view: a product's result is contiguous
         np.fmin(rows, hidden, out=rows)
     return softmax_last(scores, out=out)  # hidden entries get exactly 0
-
-
-def _is_shared_causal(visible: np.ndarray) -> bool:
-    """visible is causal_visible(T)'s cached object itself. The shape is checked first, so a
-    padding or cross-attention mask never builds a causal mask of its length to compare."""
-    T = visible.shape[-1]
-    return visible.shape == (1, 1, T, T) and visible is causal_visible(T)
-
-
-@functools.lru_cache(maxsize=64)
-def causal_limit(T: int, dtype: np.dtype) -> np.ndarray:
-    """hidden_limit of causal_visible(T), built once per length and dtype, read-only: the
-    causal mask is the same every step (its check, its inverse and its limit took 11.3 us an
-    attention layer at char-lm's length, 32, against 0.6 us for the two cached lookups)."""
-    limit = hidden_limit(~causal_visible(T).reshape(1, 1, T, T), dtype)
-    limit.flags.writeable = False
-    return limit
-
-
-def hidden_limit(hidden: np.ndarray, dtype) -> np.ndarray:
-    """A mask shared by every batch row and head (causal) as a limit for np.fmin over rows of
-    Tq * Tk scores: (Tq * Tk,) -inf where hidden, +inf where visible. fmin(s, +inf) = s, and
-    fmin(s, -inf) = -inf whatever s (NaN too). At char-lm's (32, 4, 32, 32): 20 us, against
-    52 us by np.copyto(where=), slow whatever the layout."""
-    inf = np.dtype(dtype).type(np.inf)
-    return np.where(hidden.reshape(-1), -inf, inf)
 
 
 def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None = None) -> tuple:

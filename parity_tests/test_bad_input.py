@@ -20,7 +20,7 @@ import numpy_engine as ne
 from numpy_engine import activations as Act
 from numpy_engine import attention as A
 from numpy_engine import layers as L
-from numpy_engine import losses
+from numpy_engine import losses, masks
 from numpy_engine.checks import InputError, InputTypeError, check_finite
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record_count
@@ -191,7 +191,7 @@ def test_fully_hidden_attention_row_is_rejected():
     visible[1, 0, 2] = False  # batch row 1, query position 2 sees nothing
     with pytest.raises(ValueError, match="batch row 1, position 2"):
         A.attention_forward(q, k, v, visible)
-    all_padding = A.padding_visible(np.array([[1, 1, 0], [0, 0, 0]]), pad_id=0)  # (2, 1, 1, 3)
+    all_padding = masks.padding_visible(np.array([[1, 1, 0], [0, 0, 0]]), pad_id=0)  # (2, 1, 1, 3)
     with pytest.raises(ValueError, match=r"batch row 1, position 0 \(head 0\)"):
         A.attention_forward(q, k, v, all_padding)  # broadcast over heads and queries
 

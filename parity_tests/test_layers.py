@@ -16,7 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from numpy_engine import activations as Act
-from numpy_engine import blocks, losses
+from numpy_engine import blocks, losses, masks
 from numpy_engine import layers as L
 from numpy_engine.faster import FasterOfTwo
 from parity_tests import layer_cases as cases
@@ -502,11 +502,11 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(
         q[..., 0], k[..., 0] = offset * np.sqrt(6), 1.0  # scores = offset + N(0, 5/6)
     ids = np.array([[1, 1, 1, 0]] * (B - 1) + [[1, 0, 0, 0]])  # the last row sees one key
     visible = {
-        "causal": A.causal_visible(4),
-        "padding": A.padding_visible(ids, pad_id=0),
+        "causal": masks.causal_visible(4),
+        "padding": masks.padding_visible(ids, pad_id=0),
         "per head": random_visible(rng, (1, 3, 4, 4), "random"),  # shared by the batch rows
         "none": None,
-        "cross": A.padding_visible(ids, pad_id=0),
+        "cross": masks.padding_visible(ids, pad_id=0),
     }[mask]
     drop = Dropout(rng, attn=0.4).mask("attn", (B, 3, Tq, 4), np.float32) if dropped else None
     one_y, one_cache = A.attention_forward(q, k, v, visible, drop=drop)
@@ -538,7 +538,7 @@ def test_a_mask_of_fewer_axes_broadcasts_as_numpy_does():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_shared_mask_hides_as_the_same_mask_given_per_batch_row(dtype):
-    """A causal mask shared by every row (np.fmin against attention.hidden_limit) against the
+    """A causal mask shared by every row (np.fmin against masks.hidden_limit) against the
     same mask repeated per batch row (np.copyto(where=)): the same bits, and a NaN key hides
     from every earlier query (its scores there are NaN, and hidden)."""
     from numpy_engine import attention as A
@@ -546,7 +546,7 @@ def test_a_shared_mask_hides_as_the_same_mask_given_per_batch_row(dtype):
     rng = rng_of(0)
     q, k, v, dy = (rng.standard_normal((3, 2, 5, 4)).astype(dtype) for _ in range(4))
     k[:, :, -1] = np.nan  # seen only by the last query
-    shared = A.causal_visible(5)  # (1, 1, 5, 5)
+    shared = masks.causal_visible(5)  # (1, 1, 5, 5)
     per_row = np.broadcast_to(shared, (3, 1, 5, 5)).copy()
     with np.errstate(invalid="ignore"):  # the last query's NaN row
         y, cache = A.attention_forward(q, k, v, shared)

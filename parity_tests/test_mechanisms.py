@@ -16,6 +16,7 @@ import numpy_engine.models.minigpt
 import numpy_engine.models.seq2seq
 from numpy_engine import attention as A
 from numpy_engine import layers as L
+from numpy_engine import masks
 from parity_tests import layer_cases as cases
 from parity_tests.strategies import gpt_cases, randomize_params, randomized_model, seq2seq_cases
 
@@ -107,9 +108,9 @@ ROW_PADDING_VISIBLE = (np.arange(4) < np.array([[4], [2]]))[:, None, None, :]  #
 def test_seq2seq_attention_weights_respect_every_mask(case):
     model = randomized_model(case)[0]
     _, cache = model.forward(case.source, case.decoder_input)
-    src_visible = A.padding_visible(case.source, 0)
+    src_visible = masks.padding_visible(case.source, 0)
     T = case.decoder_input.shape[1]
-    tgt_visible = A.causal_visible(T) & A.padding_visible(case.decoder_input, 0)
+    tgt_visible = masks.causal_visible(T) & masks.padding_visible(case.decoder_input, 0)
     attentions = [(block.attn.attention, src_visible) for block in cache.encoder.blocks]
     for block in cache.decoder.blocks:
         attentions += [(block.self_attn.attention, tgt_visible)]
@@ -124,7 +125,7 @@ def test_seq2seq_attention_weights_respect_every_mask(case):
 def test_gpt_attention_weights_are_causal_and_normalised(case):
     model = randomized_model(case)[0]
     _, cache = model.forward(case.idx)
-    hidden = ~A.causal_visible(case.idx.shape[1])
+    hidden = ~masks.causal_visible(case.idx.shape[1])
     for block in cache.blocks:
         weights = block.attn.attention.weights
         np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-13)
@@ -258,14 +259,14 @@ def test_the_shared_causal_mask_reads_its_cached_limit_with_the_same_bits(monkey
     of it (another object: the general path) gives the same output and weights bit for bit."""
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 3, 5, 4)).astype(dtype) for _ in range(3))
-    plain_out, plain = A.attention_forward(q, k, v, A.causal_visible(5).copy())
-    A.causal_limit(5, np.dtype(dtype))  # built, then cached
+    plain_out, plain = A.attention_forward(q, k, v, masks.causal_visible(5).copy())
+    masks.causal_limit(5, np.dtype(dtype))  # built, then cached
     for name in ("check_every_row_sees_a_key", "hidden_limit"):
-        monkeypatch.setattr(A, name, lambda *args, name=name: pytest.fail(f"called {name}"))
-    out, cache = A.attention_forward(q, k, v, A.causal_visible(5))
+        monkeypatch.setattr(masks, name, lambda *args, name=name: pytest.fail(f"called {name}"))
+    out, cache = A.attention_forward(q, k, v, masks.causal_visible(5))
     np.testing.assert_array_equal(out, plain_out)
     np.testing.assert_array_equal(cache.weights, plain.weights)
-    assert not A.causal_limit(5, np.dtype(dtype)).flags.writeable
+    assert not masks.causal_limit(5, np.dtype(dtype)).flags.writeable
 
 
 def test_a_padding_mask_builds_no_causal_mask_of_its_length():
@@ -273,9 +274,9 @@ def test_a_padding_mask_builds_no_causal_mask_of_its_length():
     takes the general path without building (and caching) a causal mask of length Tk."""
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 1, 3, 4)) for _ in range(3))
-    A.causal_visible.cache_clear()
+    masks.causal_visible.cache_clear()
     A.attention_forward(q, k, v, np.ones((2, 1, 1, 3), dtype=bool))
-    assert A.causal_visible.cache_info().currsize == 0
+    assert masks.causal_visible.cache_info().currsize == 0
 
 
 @pytest.mark.parametrize("has_bias", [True, False])

@@ -13,7 +13,7 @@ import numpy_engine as ne
 from numpy_engine import activations as Act
 from numpy_engine import attention as A
 from numpy_engine import layers as L
-from numpy_engine import losses
+from numpy_engine import losses, masks
 
 
 def test_embedding_padding_row_starts_at_zero_and_never_gets_a_gradient():
@@ -70,7 +70,7 @@ def test_sinusoidal_table_values():
 def test_attention_rows_sum_to_one_and_hidden_weights_are_exactly_zero():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 3, 4, 5)) for _ in range(3))
-    visible = A.causal_visible(4) & (np.arange(4) < np.array([[4], [2]]))[:, None, None, :]
+    visible = masks.causal_visible(4) & (np.arange(4) < np.array([[4], [2]]))[:, None, None, :]
     _, cache = A.attention_forward(q, k, v, visible)
     np.testing.assert_allclose(cache.weights.sum(axis=-1), 1.0, rtol=1e-14)
     hidden = np.broadcast_to(~visible, cache.weights.shape)

@@ -13,7 +13,6 @@ import numpy as np
 from numpy_engine import checks
 from numpy_engine.attention import (
     KeyValueBuffer,
-    causal_visible,
     keys_values,
     prestacked_qkv,
 )
@@ -35,6 +34,7 @@ from numpy_engine.layers import (
     linear_forward,
 )
 from numpy_engine.losses import linear_cross_entropy, linear_cross_entropy_loss
+from numpy_engine.masks import causal_visible
 from numpy_engine.models.base import (
     IGNORE_INDEX,
     WEIGHT_COPIES,

@@ -17,10 +17,8 @@ import numpy as np
 
 from numpy_engine import checks
 from numpy_engine.attention import (
-    causal_visible,
     keys_values,
     memory_keys_values,
-    padding_visible,
 )
 from numpy_engine.blocks import (
     decoder_block_backward,
@@ -42,6 +40,7 @@ from numpy_engine.layers import (
     sinusoidal_forward,
     sinusoidal_table,
 )
+from numpy_engine.masks import causal_visible, padding_visible
 from numpy_engine.models.base import (
     WEIGHT_COPIES,
     Model,
