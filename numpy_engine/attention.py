@@ -127,7 +127,7 @@ def attention_forward(
     the study commands. drop: a dropout mask (B, H, Tq, Tk) on the weights (dropout.py):
     y = (weights * drop) v; the cache keeps the weights before it, and the mask."""
     shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Tq, Tk)
-    hidden = hidden_scores(visible, shape, np.result_type(q, k))
+    hidden = hidden_scores(visible, q, k)
     groups = batch_groups(shape, q.itemsize)
     if len(groups) == 1:
         weights = _weights(q, k, hidden)

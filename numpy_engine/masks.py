@@ -42,19 +42,20 @@ def check_every_row_sees_a_key(visible: np.ndarray, scores_shape: tuple) -> None
     )
 
 
-def hidden_scores(visible: np.ndarray | None, scores_shape: tuple, dtype) -> np.ndarray | None:
-    """The mask as attention applies it to scores of scores_shape (B, H, Tq, Tk): None (no
-    mask), a 4-D boolean array (True = hidden), or, for a mask shared by every batch row and
-    head, its hidden_limit (causal_visible's own object: its cached one, unchecked, as every
-    row of it sees a key). A row that sees no key is refused here."""
+def hidden_scores(visible: np.ndarray | None, q: np.ndarray, k: np.ndarray) -> np.ndarray | None:
+    """The mask as attention applies it to the scores of q (B, H, Tq, hs) against k
+    (B, H, Tk, hs): None (no mask), a 4-D boolean array (True = hidden), or, for a mask
+    shared by every batch row and head, its hidden_limit in the scores' dtype (for
+    causal_visible's own object, its cached one, unchecked: every row of it sees a key). A
+    row that sees no key is refused here."""
     if visible is None:
         return None
     if _is_shared_causal(visible):
-        return causal_limit(visible.shape[-1], dtype)
-    check_every_row_sees_a_key(visible, scores_shape)
+        return causal_limit(visible.shape[-1], np.result_type(q, k))
+    check_every_row_sees_a_key(visible, (*q.shape[:-1], k.shape[-2]))
     hidden = ~visible.reshape((1,) * (4 - visible.ndim) + visible.shape)  # 4-D
     if hidden.shape[:2] == (1, 1):  # one (Tq, Tk) mask for every batch row and head
-        return hidden_limit(hidden, dtype)
+        return hidden_limit(hidden, np.result_type(q, k))
     return hidden
 
 
