@@ -23,7 +23,7 @@ from numpy_engine.threads import in_chunks
 if TYPE_CHECKING:
     from numpy_engine.optim import Optimizer
 
-BLOCK_BYTES = 256 * 1024  # of each vector updated together (64K float32 entries)
+BLOCK_BYTES = 256 * 1024  # of each vector the norm and the update read together (64K float32)
 THREAD_BLOCKS = 8  # the fewest blocks a thread takes (threads.py): fewer run on fewer threads
 
 
@@ -41,7 +41,7 @@ def blocks(size: int, itemsize: int) -> list[slice]:
     return slices(size, itemsize, BLOCK_BYTES)
 
 
-def in_thread_runs(work: Callable[[int, list[slice]], list], pieces: list[slice]) -> list:
+def in_thread_runs(work: Callable[[int, list[slice]], object], pieces: list[slice]) -> list:
     """work(thread, run of pieces) on the engine's threads, at least THREAD_BLOCKS blocks a
     thread (threads.in_chunks): the results of each run, in the pieces' order."""
     return in_chunks(work, pieces, THREAD_BLOCKS)

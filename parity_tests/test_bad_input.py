@@ -194,6 +194,12 @@ def test_fully_hidden_attention_row_is_rejected():
     all_padding = masks.padding_visible(np.array([[1, 1, 0], [0, 0, 0]]), pad_id=0)  # (2, 1, 1, 3)
     with pytest.raises(ValueError, match=r"batch row 1, position 0 \(head 0\)"):
         A.attention_forward(q, k, v, all_padding)  # broadcast over heads and queries
+    # one (Tq, Tk) mask for every batch row and head, over 2 queries and 3 keys (as
+    # cross-attention has): the row is found in the scores' (B, H, Tq), not the mask's shape
+    q, (k, v) = np.ones((2, 2, 2, 4)), (np.ones((2, 2, 3, 4)) for _ in range(2))
+    shared = np.array([[True, False, True], [False, False, False]])
+    with pytest.raises(InputError, match=r"batch row 0, position 1 \(head 0\)"):
+        A.attention_forward(q, k, v, shared)
 
 
 def test_no_backward_through_attention_that_read_cached_keys_and_values():
