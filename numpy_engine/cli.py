@@ -267,21 +267,8 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
 
     root = parallel is None or parallel.is_root  # the one rank that prints and writes
     stream = None if args.quiet or not root else sys.stderr
-    if args.plot:
-        from numpy_engine.plots import check_matplotlib
-
-        check_matplotlib()  # fail before training, not after
-        if not (args.out or args.resume):
-            raise InputError("--plot needs --out DIR (where loss.png goes)")
-    if args.checkpoint_every and not (args.out or args.resume):
-        raise InputError("--checkpoint-every needs --out DIR (where the checkpoints go)")
-    if args.keep_best and not (args.out or args.resume):
-        raise InputError("--keep-best needs --out DIR (where DIR/best goes)")
+    _refuse_flags_without_what_they_need(args)
     given = {name: getattr(args, name) for name in RUN_FLAGS if getattr(args, name) is not None}
-    if args.resume and args.task:
-        raise InputError("--resume continues a saved run: give no TASK with it")
-    if not (args.resume or args.task):
-        raise InputError(f"give a TASK ({', '.join(REFERENCE_RUNS)}) or --resume DIR")
     # A checkpoint read before malloc keeps freed memory goes back to the system once the model
     # and the optimizer hold their copies, instead of staying in the heap: a resumed GPT-2
     # run's peak 2688 -> 2274 MB (a fresh run's 2275)
@@ -295,17 +282,43 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
         out = args.resume
     else:
         run, out = _train_new(args, given, stream, parallel), args.out
-    if not root:
-        return 0
+    if root:
+        _keep_and_print(run, out, args.plot)
+    return 0
+
+
+def _refuse_flags_without_what_they_need(args: argparse.Namespace) -> None:
+    """Before any training: --plot without matplotlib, a flag that writes into --out without
+    one, and a TASK given with --resume or neither given, each refused by a line."""
+    if args.plot:
+        from numpy_engine.plots import check_matplotlib
+
+        check_matplotlib()  # fail before training, not after
+        if not (args.out or args.resume):
+            raise InputError("--plot needs --out DIR (where loss.png goes)")
+    if args.checkpoint_every and not (args.out or args.resume):
+        raise InputError("--checkpoint-every needs --out DIR (where the checkpoints go)")
+    if args.keep_best and not (args.out or args.resume):
+        raise InputError("--keep-best needs --out DIR (where DIR/best goes)")
+    if args.resume and args.task:
+        raise InputError("--resume continues a saved run: give no TASK with it")
+    if not (args.resume or args.task):
+        raise InputError(f"give a TASK ({', '.join(REFERENCE_RUNS)}) or --resume DIR")
+
+
+def _keep_and_print(run, out: str | None, plot: bool) -> None:
+    """The run saved in out (if given), its loss picture drawn there with --plot, and its
+    result printed (with where they went)."""
+    from numpy_engine import train
+
     if out:
         train.save_run(run, out)
         run.result["out"] = str(out)
-        if args.plot:
+        if plot:
             from numpy_engine.plots import plot_history
 
             run.result["plot"] = str(plot_history(run.history, Path(out) / "loss.png"))
     print_result(run.result)
-    return 0
 
 
 def print_result(result: dict, stream: TextIO | None = None) -> None:
