@@ -212,3 +212,22 @@ def test_the_best_is_kept_by_the_rank_that_writes_alone(tmp_path, group, writes)
     checkpointing = train.Checkpointing(tmp_path / "run", None, keep_best=True)
     train.train_char_lm(cfg, None, None, checkpointing, parallel=DataParallel(group))
     assert (tmp_path / "run" / "best").exists() == writes
+
+
+def test_the_command_line_resumes_with_keep_best_as_resume_does(tmp_path, capsys):
+    """`train --resume DIR --keep-best`, with no --out (DIR is where best/ goes): refused for a
+    run that evaluated without it, as train.resume refuses; taken for a run that kept its best,
+    whose best/ then holds the lowest held-out loss of both parts."""
+    plain, kept = tmp_path / "plain", tmp_path / "kept"
+    flags = ["--steps", "4", "--eval-every", "2", "--holdout", "0.3", "--schedule", "constant"]
+    assert run_cli(capsys, "train", "char-lm", *flags, "--out", str(plain), "--quiet")[0] == 0
+    status, _, err = run_cli(capsys, "train", "--resume", str(plain), "--keep-best", "--steps", "6")
+    assert status == 2 and f"--keep-best: the run in {plain} was not kept at its best" in err, err
+    keep = [*flags, "--keep-best", "--out", str(kept), "--quiet"]
+    assert run_cli(capsys, "train", "char-lm", *keep)[0] == 0
+    status, out, _ = run_cli(capsys, "train", "--resume", str(kept), "--keep-best", "--steps", "6")
+    assert status == 0
+    history = json.loads((kept / "history.json").read_text())
+    best = min(history["eval"], key=lambda e: e["heldout_loss"])
+    assert history["step"][-1] == 6 and json.loads(out)["best"]["step"] == best["step"]
+    assert load_checkpoint(kept / "best").meta["step"] == best["step"]
