@@ -114,12 +114,7 @@ def train_sequence_task(
     if checkpointing is not None and checkpointing.keep_best:
         raise InputError(f"--keep-best is for a language model's run (char-lm, lm), not {cfg.task}")
     task = sequence_task(cfg.task, seed=cfg.seed)
-    if state is None:
-        model = Seq2SeqTransformer(model_config or Seq2SeqConfig(), seed=cfg.seed)
-        if cfg.dropout is not None:
-            _set_dropout(model, cfg.dropout)
-    else:
-        model = state.model
+    model = _sequence_model(cfg, model_config) if state is None else state.model
     S = task.train.source.shape[1]
     check_step_fits(f"batch_size={cfg.batch_size}", model, cfg, S, state, parallel)
     if state is None:
@@ -128,20 +123,43 @@ def train_sequence_task(
     def next_batch(sampler):
         return task.train.take(sampler.integers(0, len(task.train), size=cfg.batch_size))
 
-    def evaluate(state):
-        evaluation = evaluate_sequence_task(state.model, task.test)
+    def meta(state):
+        return run_meta(cfg.task, cfg, state)
+
+    evaluate = _sequence_evaluation(task.test)
+    timing = run_loop(
+        state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
+    )
+    result = _sequence_result(cfg, task, state, timing)
+    return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
+
+
+def _sequence_model(cfg: SequenceTrainConfig, model_config: Seq2SeqConfig | None):
+    """A new run's encoder-decoder (model_config, else the default), at cfg.dropout."""
+    model = Seq2SeqTransformer(model_config or Seq2SeqConfig(), seed=cfg.seed)
+    if cfg.dropout is not None:
+        _set_dropout(model, cfg.dropout)
+    return model
+
+
+def _sequence_evaluation(test: Split):
+    """run_loop's evaluate for copy/reverse: the held-out loss and exact match, kept in the
+    history."""
+
+    def evaluate(state: TrainState) -> str:
+        evaluation = evaluate_sequence_task(state.model, test)
         state.history["eval"].append({"step": state.step, **evaluation})
         loss, exact = evaluation["heldout_loss"], evaluation["exact_match"]
         return f"  held-out loss {loss:.4f}  exact match {exact:.3f}"
 
-    def meta(state):
-        return run_meta(cfg.task, cfg, state)
+    return evaluate
 
-    timing = run_loop(
-        state, cfg, next_batch, evaluate, progress_stream, checkpointing, meta, parallel
-    )
+
+def _sequence_result(cfg: SequenceTrainConfig, task, state: TrainState, timing: dict) -> dict:
+    """The run's result: its settings and data, its losses, the last evaluation, its speed,
+    and three held-out examples decoded."""
     final = state.history["eval"][-1]
-    result = {
+    return {
         "task": cfg.task,
         "seed": cfg.seed,
         "steps": cfg.steps,
@@ -154,7 +172,6 @@ def train_sequence_task(
         **timing,
         "examples": _examples(state.model, task.test, 3),
     }
-    return TrainRun(state.model, state.optimizer, result, state.history, meta(state))
 
 
 # ------------------------------------------------------------------- char LM
