@@ -303,3 +303,18 @@ def test_export_makes_the_folder_it_writes_into_and_names_a_place_it_cannot(
     assert crosscheck_main(["export", "--checkpoint", str(trained), "--to", str(under_a_file)]) == 2
     err = capsys.readouterr().err
     assert f"--to {under_a_file}: cannot write it" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_resumed_sequence_run_checks_the_memory_of_its_own_model(tmp_path, monkeypatch):
+    """A copy run of a wider model than the default, resumed: the step's memory is counted
+    for the model the checkpoint holds, not for a new model of the default config."""
+    from numpy_engine import train
+
+    cfg = SequenceTrainConfig(steps=2, eval_every=2)
+    wide = ne.Seq2SeqConfig(d_model=48, n_heads=4, d_ff=96)
+    save_run(train_sequence_task(cfg, wide, progress_stream=None), tmp_path)
+    counted = []
+    monkeypatch.setattr(train, "check_step_fits", lambda what, model, *rest: counted.append(model))
+    resumed = train.resume(tmp_path, None, steps=4)
+    assert len(counted) == 1 and counted[0] is resumed.model
+    assert resumed.model.config.d_model == 48 and resumed.history["step"][-1] == 4
