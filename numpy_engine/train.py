@@ -50,6 +50,7 @@ from numpy_engine.tasks import (
     EOS,
     PAD,
     CharCorpus,
+    SequenceTask,
     Split,
     corpus_from_meta,
     every_target_once,
@@ -155,7 +156,9 @@ def _sequence_evaluation(test: Split):
     return evaluate
 
 
-def _sequence_result(cfg: SequenceTrainConfig, task, state: TrainState, timing: dict) -> dict:
+def _sequence_result(
+    cfg: SequenceTrainConfig, task: SequenceTask, state: TrainState, timing: dict
+) -> dict:
     """The run's result: its settings and data, its losses, the last evaluation, its speed,
     and three held-out examples decoded."""
     final = state.history["eval"][-1]
