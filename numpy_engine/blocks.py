@@ -12,8 +12,6 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine.attention import (
-    KeysValues,
-    KeyValueBuffer,
     cross_attention_backward,
     cross_attention_forward,
     self_attention_backward,
@@ -22,6 +20,7 @@ from numpy_engine.attention import (
 from numpy_engine.checks import InputError
 from numpy_engine.dropout import Dropout, dropped, dropped_copy, site_mask
 from numpy_engine.keys import sub
+from numpy_engine.kvcache import KeysValues, KeyValueBuffer
 from numpy_engine.layers import (
     ffn_backward,
     ffn_forward,

@@ -69,7 +69,7 @@ def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments()
     plain (a cache keeps it for the steps after)."""
     from benchmarks.call_count import Counted, _holds_arrays, _views, calls_per_step
     from numpy_engine import attention, reductions
-    from numpy_engine.attention import KeysValues
+    from numpy_engine.kvcache import KeysValues
 
     model, optimizer, batches = workloads.build(workloads.WORKLOADS["copy"], 2)
     workloads.engine_step(model, optimizer, batches[0])

@@ -183,8 +183,8 @@ def test_a_mask_keeps_one_minus_rate_of_its_entries_scaled_by_its_inverse():
 
 
 def test_decoding_with_past_keys_takes_no_dropout():
-    from numpy_engine.attention import KeysValues
     from numpy_engine.blocks import decoder_block_forward, self_attention_block_forward
+    from numpy_engine.kvcache import KeysValues
 
     x = np.random.default_rng(0).standard_normal((3, 1, 8))
     past = KeysValues(np.zeros((3, 2, 4, 4)), np.zeros((3, 2, 4, 4)))

@@ -12,7 +12,6 @@ import numpy as np
 
 from numpy_engine import checks
 from numpy_engine.attention import (
-    KeyValueBuffer,
     keys_values,
     prestacked_qkv,
 )
@@ -25,6 +24,7 @@ from numpy_engine.blocks import (
 from numpy_engine.checks import InputError
 from numpy_engine.dropout import check_rates, dropped, drops, site_mask, step_dropout
 from numpy_engine.keys import sub, with_prefix
+from numpy_engine.kvcache import KeyValueBuffer
 from numpy_engine.layers import (
     embedding_backward,
     embedding_forward,
