@@ -267,7 +267,7 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
 
     root = parallel is None or parallel.is_root  # the one rank that prints and writes
     stream = None if args.quiet or not root else sys.stderr
-    _refuse_flags_without_what_they_need(args)
+    _refuse_before_training(args)
     given = {name: getattr(args, name) for name in RUN_FLAGS if getattr(args, name) is not None}
     # A checkpoint read before malloc keeps freed memory goes back to the system once the model
     # and the optimizer hold their copies, instead of staying in the heap: a resumed GPT-2
@@ -287,7 +287,7 @@ def _run_train(args: argparse.Namespace, parallel) -> int:
     return 0
 
 
-def _refuse_flags_without_what_they_need(args: argparse.Namespace) -> None:
+def _refuse_before_training(args: argparse.Namespace) -> None:
     """Before any training: --plot without matplotlib, a flag that writes into --out without
     one, and a TASK given with --resume or neither given, each refused by a line."""
     if args.plot:
