@@ -62,6 +62,17 @@ def trained_copy(tmp_path_factory):
     return run
 
 
+@pytest.fixture(scope="session")
+def untrained_copy(tmp_path_factory):
+    """A copy checkpoint of one step (`train copy --steps 1 --out`): its greedy output does not
+    stop at EOS early. Shared as trained_copy is: a test reads it and writes nothing into it."""
+    from numpy_engine.cli import main
+
+    out = tmp_path_factory.mktemp("untrained")
+    assert main(["train", "copy", "--steps", "1", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
 # Under pytest-xdist each worker records its own errors; the workers hand them to the
 # controller, which prints one summary.
 

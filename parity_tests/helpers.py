@@ -1,4 +1,5 @@
-"""Shared test helpers: one call checks a layer pair against finite differences and torch."""
+"""Shared test helpers: one call checks a layer pair against finite differences and torch;
+the command line run in a process of its own, and its flags' help read from its parser."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 import contextlib
 import math
 import re
+import subprocess
+import sys
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -371,3 +374,13 @@ def unexplained(helps: dict[str, str]) -> dict[str, str]:
     must explain is what the argument is ("(default: 2)" alone says nothing of that)."""
     said = {name: re.sub(r"\(default[^)]*\)", "", text).split() for name, text in helps.items()}
     return {name: helps[name] for name, words in said.items() if len(words) < 2}
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m numpy_engine ARGS` in a process of its own, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "numpy_engine", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

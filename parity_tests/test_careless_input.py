@@ -15,11 +15,7 @@ from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import main
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.tasks import corpus_from_meta
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "numpy_engine", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+from parity_tests.helpers import run_cli
 
 
 def assert_refused(result: subprocess.CompletedProcess, *words: str, code: int = 2) -> None:
