@@ -73,6 +73,16 @@ def untrained_copy(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory):
+    """A random 2-layer transformers GPT-2 and its BPE tokenizer as save_pretrained writes them
+    (hf_cases.save_random_gpt2). Shared: a test copies it to change it, and writes nothing
+    into it."""
+    from parity_tests.hf_cases import save_random_gpt2
+
+    return save_random_gpt2(tmp_path_factory.mktemp("hf"))
+
+
 # Under pytest-xdist each worker records its own errors; the workers hand them to the
 # controller, which prints one summary.
 

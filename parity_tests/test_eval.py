@@ -16,14 +16,9 @@ from transformers import GPT2LMHeadModel
 
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.tasks import DEFAULT_TEXT
-from parity_tests.test_hf_interchange import cli, save_random_gpt2
+from parity_tests.hf_cases import cli
 
 TEXT = DEFAULT_TEXT + " whether tis nobler in the mind to suffer"
-
-
-@pytest.fixture(scope="module")
-def gpt2_dir(tmp_path_factory):
-    return save_random_gpt2(tmp_path_factory.mktemp("hf"))
 
 
 def float64_copy(run, out) -> None:
@@ -53,11 +48,11 @@ def transformers_mean_loss(directory, text: str, context: int) -> float:
 
 @pytest.mark.parametrize(("context", "batch_size"), [(12, 3), (32, None)])
 def test_eval_is_transformers_loss_over_the_same_windows(
-    tmp_path, capsys, gpt2_dir, context, batch_size
+    tmp_path, capsys, hf_dir, context, batch_size
 ):
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
-    assert cli(capsys, "import-hf", str(gpt2_dir), "--out", str(tmp_path / "run"))[0] == 0
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(tmp_path / "run"))[0] == 0
     float64_copy(tmp_path / "run", tmp_path / "wide")
     args = ["eval", "--checkpoint", str(tmp_path / "wide"), "--text", str(text)]
     args += ["--context", str(context)] + (["--batch-size", str(batch_size)] if batch_size else [])
@@ -65,10 +60,10 @@ def test_eval_is_transformers_loss_over_the_same_windows(
     assert status == 0 and out.startswith('{\n  "checkpoint": ')  # JSON, indented by 2
     result = json.loads(out)
     assert (result["checkpoint"], result["text"]) == (str(tmp_path / "wide"), str(text))
-    theirs = transformers_mean_loss(gpt2_dir, TEXT, context)
+    theirs = transformers_mean_loss(hf_dir, TEXT, context)
     assert abs(result["loss"] - theirs) <= 1e-12 * theirs, (result["loss"], theirs)
     assert result["perplexity"] == math.exp(result["loss"])
-    n = len(Tokenizer.from_file(str(gpt2_dir / "tokenizer.json")).encode(TEXT).ids)
+    n = len(Tokenizer.from_file(str(hf_dir / "tokenizer.json")).encode(TEXT).ids)
     assert (result["tokens"], result["targets"], result["context"]) == (n, n - 1, context)
 
 
@@ -136,10 +131,10 @@ def test_eval_refuses_a_model_that_reads_a_source(tmp_path, capsys):
 
 
 def test_a_text_of_two_tokens_is_measured_and_one_token_of_several_characters_refused(
-    tmp_path, capsys, gpt2_dir
+    tmp_path, capsys, hf_dir
 ):
-    assert cli(capsys, "import-hf", str(gpt2_dir), "--out", str(tmp_path / "run"))[0] == 0
-    tokenizer = Tokenizer.from_file(str(gpt2_dir / "tokenizer.json"))
+    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(tmp_path / "run"))[0] == 0
+    tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     merges = (token for token in tokenizer.get_vocab() if token != "<|endoftext|>")
     word = max(merges, key=len)  # the longest merge: one token, many bytes
     one = tmp_path / "one.txt"

@@ -43,7 +43,8 @@ def test_gpt2_example_fine_tunes_offline_and_from_a_directory(tmp_path):
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from parity_tests.test_hf_interchange import DEFAULT_TEXT, bpe_tokenizer
+    from numpy_engine.tasks import DEFAULT_TEXT
+    from parity_tests.hf_cases import bpe_tokenizer
 
     tokenizer = bpe_tokenizer(DEFAULT_TEXT)
     config = GPT2Config(

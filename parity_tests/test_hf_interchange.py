@@ -1,74 +1,28 @@
 """A random transformers GPT-2 with a trained byte-level BPE tokenizer, saved as
 save_pretrained writes it, goes through the command line: import-hf, generate (the same
 tokens as transformers' greedy generate), train lm --init (the loss falls) and --resume,
-export-hf back into from_pretrained. And each malformed directory is refused by name."""
+export-hf back into from_pretrained. And each malformed directory is refused by name.
+Sharded directories: test_hf_shards.py; the tokenizer a model is imported, trained and
+exported with: test_hf_tokenizer.py; a tokenizer's text as it is generated:
+test_tokenizer_text.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import shutil
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import example, given
-from hypothesis import strategies as st
-from safetensors.numpy import load_file, save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+from transformers import GPT2LMHeadModel
 
-from numpy_engine import cli_hf, hf
-from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
-from numpy_engine.cli import main
-from numpy_engine.tasks import DEFAULT_TEXT, TextSoFar, TokenizerCorpus
-
-EOT = "<|endoftext|>"
-
-
-def bpe_tokenizer(text: str) -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=[EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tokenizer.train_from_iterator([text], trainer)
-    return tokenizer
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return save_random_gpt2(tmp_path_factory.mktemp("hf"))
-
-
-def save_random_gpt2(directory: Path) -> Path:
-    """A random 2-layer transformers GPT-2 and its BPE tokenizer, written into directory."""
-    tokenizer = bpe_tokenizer(DEFAULT_TEXT)
-    eot = tokenizer.token_to_id(EOT)
-    config = GPT2Config(
-        vocab_size=tokenizer.get_vocab_size(),
-        n_positions=32,
-        n_embd=16,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=eot,
-        eos_token_id=eot,
-    )
-    torch.manual_seed(0)
-    GPT2LMHeadModel(config).eval().save_pretrained(directory)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    status = main(list(args))
-    out, err = capsys.readouterr()
-    return status, out, err
+from numpy_engine import hf
+from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.tasks import DEFAULT_TEXT
+from parity_tests.hf_cases import EOT, bpe_tokenizer, cli, spoiled
 
 
 def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
@@ -136,17 +90,6 @@ def test_import_generate_finetune_resume_export(tmp_path, capsys, hf_dir):
     assert (config.embed_dropout, config.attn_dropout, config.resid_dropout) == (0.1,) * 3
     pdrop = (reloaded.config.embd_pdrop, reloaded.config.attn_pdrop, reloaded.config.resid_pdrop)
     assert pdrop == (0.1,) * 3
-
-
-def spoiled(tmp_path, hf_dir, config=None, state=None):
-    """A copy of hf_dir with config.json and the weights changed as given."""
-    out = tmp_path / "spoiled"
-    out.mkdir()
-    hf_config = json.loads((hf_dir / "config.json").read_text()) | (config or {})
-    (out / "config.json").write_text(json.dumps(hf_config))
-    weights = load_file(hf_dir / "model.safetensors")
-    save_file(state(weights) if state else weights, out / "model.safetensors")
-    return out
 
 
 def without(key):
@@ -228,90 +171,6 @@ def test_import_refuses_a_malformed_config_or_tokenizer(tmp_path, capsys, hf_dir
     status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
     assert status == 2 and words in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()
-
-
-def test_a_checkpoint_whose_tokenizer_is_spoiled_is_refused_by_name(tmp_path, capsys, hf_dir):
-    run = tmp_path / "run"
-    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(run))[0] == 0
-    checkpoint = load_checkpoint(run)
-    meta = checkpoint.meta | {"tokenizer": "{"}
-    save_checkpoint(run / "spoiled.npz", checkpoint.model, None, meta)
-    status, _, err = cli(
-        capsys, "generate", "--checkpoint", str(run / "spoiled.npz"), "--prompt", "to"
-    )
-    assert status == 2 and "the checkpoint's tokenizer: not a readable tokenizer" in err, err
-
-
-def test_a_model_imported_without_its_tokenizer_says_how_to_read_text(tmp_path, capsys, hf_dir):
-    """spoiled() copies config.json and the weights, not tokenizer.json: the import works and
-    says so, and reading text says where the tokenizer must be, with exit 2."""
-    run, text = tmp_path / "run", tmp_path / "text.txt"
-    text.write_text(DEFAULT_TEXT)
-    status, _, err = cli(capsys, "import-hf", str(spoiled(tmp_path, hf_dir)), "--out", str(run))
-    assert status == 0 and "has no tokenizer.json, so the checkpoint reads no text" in err
-    for command in (
-        ("generate", "--checkpoint", str(run), "--prompt", "to be"),
-        ("train", "lm", "--init", str(run), "--text", str(text), "--steps", "1"),
-    ):
-        status, _, err = cli(capsys, *command)
-        assert status == 2 and "no tokenizer or vocabulary" in err and "tokenizer.json" in err
-
-
-def test_a_directory_with_vocab_and_merges_is_told_the_line_that_writes_tokenizer_json(
-    tmp_path, capsys, hf_dir
-):
-    """The older files a tokenizer saved without tokenizer.json (vocab.json, merges.txt): the
-    import's note gives the transformers line that writes tokenizer.json from them. Run as
-    given (its Python, in this process), then imported again, the checkpoint's tokenizer
-    gives the ids of the tokenizer the two files were saved from, and generate reads text."""
-    directory = spoiled(tmp_path, hf_dir)
-    original = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
-    original.model.save(str(directory))  # vocab.json and merges.txt
-    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "no"))
-    assert status == 0 and "It has vocab.json and merges.txt" in err, err
-    line = next(line.strip() for line in err.splitlines() if line.strip().startswith("python"))
-    program, flag, code = shlex.split(line)
-    assert (program, flag) == ("python", "-c")
-    exec(code, {})  # noqa: S102 - the note's own line, as a shell would run it
-    run = tmp_path / "run"
-    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(run))
-    assert status == 0 and "note:" not in err, err
-    corpus = TokenizerCorpus(load_checkpoint(run).meta["tokenizer"])
-    text = "to be, or not to be: that is the question<|endoftext|> Whether 'tis"
-    assert corpus.encode(text).tolist() == original.encode(text).ids
-    assert cli(capsys, "generate", "--checkpoint", str(run), "--prompt", "to be")[0] == 0
-
-
-def test_the_tokenizer_line_quotes_any_directory_name():
-    """A directory named with quotes and spaces reaches Python as it is."""
-    for name in ("/tmp/it's here", 'a "b" c', "plain"):
-        program, flag, code = shlex.split(cli_hf.tokenizer_json_command(name))
-        assert (program, flag) == ("python", "-c") and code.startswith(f"d = {json.dumps(name)};")
-        scope: dict = {}
-        exec(code.split(";")[0], scope)  # noqa: S102 - the assignment alone
-        assert scope["d"] == name
-
-
-def test_fine_tuning_a_model_wider_than_its_tokenizer_reports_both_sizes(tmp_path, capsys, hf_dir):
-    """A checkpoint whose vocabulary is padded past its tokenizer's (as some are, for speed):
-    train lm's result names the model's vocab_size and the tokenizer's, each its own."""
-    tokenizer_size = Tokenizer.from_file(str(hf_dir / "tokenizer.json")).get_vocab_size()
-    wide = tmp_path / "wide"
-    sizes = dict(n_positions=16, n_embd=8, n_layer=1, n_head=2)
-    config = GPT2Config(vocab_size=tokenizer_size + 7, **sizes)
-    torch.manual_seed(0)
-    GPT2LMHeadModel(config).save_pretrained(wide)
-    shutil.copy(hf_dir / "tokenizer.json", wide)
-    run, tuned, text = tmp_path / "run", tmp_path / "tuned", tmp_path / "text.txt"
-    text.write_text(DEFAULT_TEXT)
-    assert cli(capsys, "import-hf", str(wide), "--out", str(run))[0] == 0
-    train = ["train", "lm", "--init", str(run), "--text", str(text), "--steps", "2"]
-    assert cli(capsys, *train, "--context", "8", "--quiet", "--out", str(tuned))[0] == 0
-    result = json.loads((tuned / "result.json").read_text())
-    assert (result["vocab_size"], result["tokenizer_vocab_size"]) == (
-        tokenizer_size + 7,
-        tokenizer_size,
-    )
 
 
 def test_import_and_export_write_over_nothing_a_user_has(tmp_path, capsys, hf_dir):
@@ -444,129 +303,6 @@ def test_import_of_torchs_pickled_weights_says_how_to_make_safetensors(tmp_path,
     assert "pytorch_model.bin is torch's format: load it with transformers and" in err
 
 
-@pytest.fixture(scope="module")
-def sharded_dir(tmp_path_factory, hf_dir):
-    """hf_dir as save_pretrained writes a model past its max_shard_size: no model.safetensors,
-    but shards and model.safetensors.index.json, which names each key's shard."""
-    directory = tmp_path_factory.mktemp("sharded")
-    GPT2LMHeadModel.from_pretrained(hf_dir).save_pretrained(directory, max_shard_size="8KB")
-    shutil.copy(hf_dir / "tokenizer.json", directory)
-    return directory
-
-
-def test_import_reads_a_sharded_directory_as_the_whole_one(tmp_path, capsys, hf_dir, sharded_dir):
-    assert not (sharded_dir / "model.safetensors").exists() and len(shard_names(sharded_dir)) >= 3
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    assert cli(capsys, "import-hf", str(hf_dir), "--out", str(whole))[0] == 0
-    assert cli(capsys, "import-hf", str(sharded_dir), "--out", str(parts))[0] == 0
-    whole_params, parts_params = (load_checkpoint(run).model.params for run in (whole, parts))
-    assert list(whole_params) == list(parts_params)
-    for key, value in whole_params.items():
-        np.testing.assert_array_equal(parts_params[key], value)
-
-
-def shard_names(directory: Path) -> list[str]:
-    """The files a sharded directory's index names, in order."""
-    index = json.loads((directory / hf.SHARD_INDEX).read_text())
-    return sorted(set(index["weight_map"].values()))
-
-
-def first_shard(directory: Path) -> Path:
-    return directory / shard_names(directory)[0]
-
-
-def spoil_index(change):
-    def spoil(directory):
-        index = json.loads((directory / hf.SHARD_INDEX).read_text())
-        (directory / hf.SHARD_INDEX).write_text(json.dumps(change(index)))
-
-    return spoil
-
-
-def first_shard_holds_a_key_of_the_second(directory: Path) -> None:
-    """The second shard's largest key, not its smallest: the refusal names the key held twice."""
-    first, second = (directory / name for name in shard_names(directory)[:2])
-    from_second = load_file(second)
-    key = max(from_second)
-    save_file(load_file(first) | {key: from_second[key] + 1}, first)
-
-
-def listed_in_first_shard(index: dict) -> dict:
-    shard = min(index["weight_map"].values())
-    return index | {"weight_map": index["weight_map"] | {"transformer.h.9.extra": shard}}
-
-
-@pytest.mark.parametrize(
-    ("spoil", "words"),
-    [
-        (lambda d: first_shard(d).unlink(), "{first}: no such file (import-hf reads"),
-        (lambda d: first_shard(d).write_bytes(b"\x00" * 9), "{first}: not a readable safetensors"),
-        (spoil_index(lambda index: {"metadata": {}}), "no weight_map naming each key's shard"),
-        (spoil_index(lambda index: {"weight_map": {}}), "no weight_map naming each key's shard"),
-        (
-            spoil_index(lambda index: index | {"weight_map": {"wte": "../model.safetensors"}}),
-            "shard '../model.safetensors' is not a file name in",
-        ),
-        (spoil_index(listed_in_first_shard), "lacks 'transformer.h.9.extra'"),
-        (first_shard_holds_a_key_of_the_second, "{second}: holds '{key}', which {first} holds too"),
-        (
-            lambda d: (d / hf.SHARD_INDEX).unlink(),
-            "{directory}/model.safetensors: no such file, nor model.safetensors.index",
-        ),
-    ],
-)
-def test_import_refuses_a_sharded_directory_whose_shards_do_not_match_its_index(
-    tmp_path, capsys, sharded_dir, spoil, words
-):
-    """Each refusal is one line naming the file ({first}: the index's first shard)."""
-    directory = tmp_path / "spoiled"
-    shutil.copytree(sharded_dir, directory)
-    first, second = (directory / name for name in shard_names(directory)[:2])
-    key = max(load_file(second))
-    words = words.format(first=first, second=second, key=key, directory=directory)
-    spoil(directory)
-    status, _, err = cli(capsys, "import-hf", str(directory), "--out", str(tmp_path / "run"))
-    assert status == 2 and words in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "run").exists()
-
-
-def test_a_refused_import_closes_the_files_it_opened(tmp_path, sharded_dir):
-    """An import refused at a shard (here its index lists a key the first shard lacks) has
-    closed the shards it opened when it raises, not later, when its frames are let go of
-    (the refusal's traceback holds them here)."""
-    directory = tmp_path / "spoiled"
-    shutil.copytree(sharded_dir, directory)
-    spoil_index(listed_in_first_shard)(directory)
-    with pytest.raises(ValueError, match="lacks 'transformer.h.9.extra'") as refused:
-        hf.import_hf(directory, tmp_path / "run")
-    assert refused.tb is not None and files_open_in(directory) == []  # its frames still held
-    assert files_open_in(sharded_dir) == []  # the import that reads it, after it returns
-    hf.import_hf(sharded_dir, tmp_path / "run")
-    assert files_open_in(sharded_dir) == []
-
-
-def files_open_in(directory: Path) -> list[str]:
-    """The files under directory this process holds open (Linux: /proc/self/fd)."""
-    targets = []
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            targets.append(os.readlink(fd))
-        except OSError:  # the listing's own descriptor, closed by now
-            pass
-    return [target for target in targets if target.startswith(str(directory))]
-
-
-@pytest.mark.parametrize(
-    ("eos", "eos_id"), [(0, 0), (299, 299), (300, None), (None, None), ([7], None)]
-)
-def test_the_end_of_text_token_is_kept_when_it_is_an_id_of_the_vocabulary(eos, eos_id):
-    """Of config.json's eos_token_id, generation keeps an id of the 300-token vocabulary, 0
-    included; none, an id past it, or a list means no end-of-text token."""
-    config = {"model_type": "gpt2", "vocab_size": 300, "n_embd": 16, "n_head": 2}
-    config |= {"n_layer": 2, "n_positions": 32, "eos_token_id": eos}
-    assert hf.config_from_hf(config, "float32").eos_id == eos_id
-
-
 def test_export_refuses_a_model_that_is_not_gpt2(tmp_path, capsys):
     run = tmp_path / "char"
     assert cli(capsys, "train", "char-lm", "--steps", "2", "--quiet", "--out", str(run))[0] == 0
@@ -580,81 +316,6 @@ def test_without_the_hf_extra_the_commands_name_it(tmp_path, capsys, hf_dir, mon
         monkeypatch.setitem(sys.modules, name, None)  # `import safetensors` now fails
     status, _, err = cli(capsys, "import-hf", str(hf_dir), "--out", str(tmp_path / "run"))
     assert status == 2 and "needs the hf extra: pip install -e '.[hf]'" in err, err
-
-
-def test_export_of_a_gpt2_over_characters_says_it_writes_no_tokenizer(tmp_path, capsys):
-    """train lm without --init: a GPT-2 over the text's characters, whose vocabulary a Hugging
-    Face directory has no file for. The weights load; a note says what is missing."""
-    run, back = tmp_path / "chars", tmp_path / "hf"
-    assert cli(capsys, "train", "lm", "--steps", "1", "--quiet", "--out", str(run))[0] == 0
-    status, out, err = cli(capsys, "export-hf", "--checkpoint", str(run), "--to", str(back))
-    assert (status, out) == (0, f"wrote {back}\n") and not (back / "tokenizer.json").exists()
-    assert err.startswith(f"note: the checkpoint keeps no Hugging Face tokenizer, so {back} has")
-    _, info = GPT2LMHeadModel.from_pretrained(back, output_loading_info=True)
-    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
-
-
-def test_a_tokenizer_corpus_holds_the_texts_ids_and_decodes_them_back():
-    tokenizer = bpe_tokenizer(DEFAULT_TEXT)
-    corpus = TokenizerCorpus(tokenizer.to_str(), DEFAULT_TEXT)
-    assert corpus.ids.tolist() == tokenizer.encode(DEFAULT_TEXT).ids
-    assert corpus.decode(corpus.ids) == DEFAULT_TEXT
-    assert corpus.vocab_size == tokenizer.get_vocab_size() == 281  # the trainer stops there
-
-
-def pieces_of(text: TextSoFar, new_ids: list[int]) -> list[str]:
-    """What generate shows: the prompt's settled text, each new id's, then the rest."""
-    return [text.settled(), *(text.add(i) for i in new_ids), text.rest()]
-
-
-BPE = bpe_tokenizer(DEFAULT_TEXT)  # ASCII merges; every other byte is an id of its own
-
-
-@given(
-    prompt=st.lists(st.integers(0, BPE.get_vocab_size() - 1), min_size=1, max_size=4),
-    new_ids=st.lists(st.integers(0, BPE.get_vocab_size() - 1), max_size=24),
-)
-@example(prompt=BPE.encode("to").ids, new_ids=BPE.encode(" \u00e9\u20ac be").ids)
-def test_generated_text_is_given_out_as_it_settles_and_adds_up_to_the_whole(prompt, new_ids):
-    """Byte-level ids: the pieces add up to the decoded text of every id, and no piece but
-    the last ends in the U+FFFD of a character whose bytes are still to come."""
-    corpus = TokenizerCorpus(BPE.to_str())
-    assert corpus.decodes_by_prefix
-    pieces = pieces_of(TextSoFar(corpus, prompt), new_ids)
-    assert "".join(pieces) == corpus.decode(prompt + new_ids)
-    assert not any(piece.endswith("\ufffd") for piece in pieces[:-1]), pieces
-
-
-def test_a_character_is_given_out_once_its_last_byte_comes():
-    """e-acute is two bytes (two ids here), the euro sign three."""
-    corpus = TokenizerCorpus(BPE.to_str())
-    new_ids = BPE.encode("\u00e9\u20ac!").ids
-    assert len(new_ids) == 6
-    pieces = pieces_of(TextSoFar(corpus, BPE.encode("to").ids), new_ids)
-    assert pieces == ["to", "", "\u00e9", "", "", "\u20ac", "!", ""]
-
-
-def test_once_a_character_is_whole_its_ids_are_not_decoded_again(monkeypatch):
-    """The prompt ends inside e-acute: "a" is given out, the first byte's id kept; once the
-    second byte comes, the text is whole, and each later id is decoded alone."""
-    corpus = TokenizerCorpus(BPE.to_str())
-    decoded, decode = [], corpus.decode
-    monkeypatch.setattr(corpus, "decode", lambda ids: (decoded.append(len(ids)), decode(ids))[1])
-    a, e_acute, b = (BPE.encode(text).ids for text in ("a", "\u00e9", "b"))
-    assert len(a) == len(b) == 1 and len(e_acute) == 2
-    pieces = pieces_of(TextSoFar(corpus, a + e_acute[:1]), e_acute[1:] + b * 5)
-    assert pieces == ["a", "\u00e9", *"b" * 5, ""]
-    assert decoded == [2, 3, 1, 1, 1, 1, 1, 0]
-
-
-def test_text_of_a_tokenizer_that_may_tidy_earlier_text_is_given_out_at_the_end():
-    """A WordPiece decoder joins "##" pieces to the word before: text settles at the end."""
-    vocab = {"[UNK]": 0, "to": 1, "be": 2, "##e": 3}
-    wordpiece = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    wordpiece.pre_tokenizer, wordpiece.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
-    corpus = TokenizerCorpus(wordpiece.to_str())
-    assert not corpus.decodes_by_prefix
-    assert pieces_of(TextSoFar(corpus, [1]), [2, 3]) == ["", "", "", "to bee"]
 
 
 def test_an_imported_model_is_not_a_run_to_resume_and_says_how_to_train_it(

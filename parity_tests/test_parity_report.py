@@ -18,7 +18,6 @@ from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main as engine_main
 from numpy_engine.layers import layernorm_backward
 from numpy_engine.study import CHECKPOINT_LENGTH, EXAMPLE_ROWS, checkpoint_example
-from parity_tests.test_hf_interchange import save_random_gpt2
 
 
 @pytest.mark.parametrize("model", ["seq2seq", "gpt", "gpt2"])
@@ -101,11 +100,11 @@ def test_parity_of_a_checkpoint_runs_its_own_weights(trained_copy, capsys):
     assert source.shape == (4, 3) and decoder_input.shape == target.shape == (4, 4)
 
 
-def test_parity_of_an_imported_gpt2_against_transformers(tmp_path, capsys):
+def test_parity_of_an_imported_gpt2_against_transformers(tmp_path, capsys, hf_dir):
     """A random transformers GPT-2 saved by save_pretrained, through import-hf, then parity:
     every gradient against GPT2LMHeadModel, on at most CHECKPOINT_LENGTH positions."""
-    run, hf = tmp_path / "run", save_random_gpt2(tmp_path / "hf")
-    assert engine_main(["import-hf", str(hf), "--out", str(run)]) == 0
+    run = tmp_path / "run"
+    assert engine_main(["import-hf", str(hf_dir), "--out", str(run)]) == 0
     for dtype in ("float64", "float32"):
         assert main(["parity", "--checkpoint", str(run), "--dtype", dtype]) == 0
         assert f"38 tensors compared, 0 failed ({run}: gpt2, {dtype}" in capsys.readouterr().out
