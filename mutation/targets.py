@@ -190,6 +190,7 @@ NUMBER_TESTS = (
     "parity_tests/test_init.py",
     "parity_tests/test_example_batches.py",
     "parity_tests/test_step_memory.py",
+    "parity_tests/test_read_memory.py",
     "parity_tests/test_dropout.py",
     "parity_tests/test_threads.py",
 )
