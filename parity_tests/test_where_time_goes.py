@@ -1,13 +1,14 @@
-"""benchmarks/where_time_goes.py: a step by part, its floor, and what the speed issue's bars ask
-of each part. Known times and the forty-third session's Intel profiles stand in for timing."""
+"""benchmarks/where_time_goes.py: a step by part (step_parts.py), its floor, and what the speed
+issue's bars ask of each part. Known times and the forty-third session's Intel profiles stand
+in for timing."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from benchmarks import step_parts, workloads
 from benchmarks import where_time_goes as W
-from benchmarks import workloads
 from parity_tests.helpers import recorded_thread_settings
 
 
@@ -46,10 +47,10 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
     assert W._product_kind((2, 3, 4), (2, 4, 5)) == "batched"
     assert W._product_kind((3, 4), (2, 4, 5)) == W._product_kind((2, 3, 4), (4, 5)) == "batched"
     assert W._product_kind((3, 4), (4,)) is None and W._product_kind((4,), (4, 5)) is None
-    assert W._torch_part("aten::addmm") == "matmul"
-    assert W._torch_part("aten::native_layer_norm_backward") == "layernorm"
-    assert W._torch_part("aten::copy_") == "other ops"
-    assert W._torch_part("autograd::engine::evaluate_function: MmBackward0") == "autograd"
+    assert step_parts._torch_part("aten::addmm") == "matmul"
+    assert step_parts._torch_part("aten::native_layer_norm_backward") == "layernorm"
+    assert step_parts._torch_part("aten::copy_") == "other ops"
+    assert step_parts._torch_part("autograd::engine::evaluate_function: MmBackward0") == "autograd"
 
 
 def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
@@ -74,7 +75,7 @@ def test_where_time_goes_floor_adds_up_what_it_times(monkeypatch):
         _ = a - ones  # a call that broadcasts
 
     arrays = (np.ones((3, 4)), np.ones((4, 5)), np.ones((2, 3, 4)), np.ones((2, 4, 5)), np.ones(4))
-    monkeypatch.setattr(W, "_engine_side", lambda name, n: (Model(), None, [arrays] * n, step))
+    monkeypatch.setattr(W, "engine_side", lambda name, n: (Model(), None, [arrays] * n, step))
     monkeypatch.setattr(W, "best_seconds", lambda fn, repeats=5: (fn(), 1e-3)[1])
     clock = itertools.count(1.0, 1e-3)  # each timed product starts and ends 1 ms apart
     monkeypatch.setattr(call_count, "perf_counter", lambda: next(clock))
