@@ -17,7 +17,7 @@ from crosscheck.cli import build_parser as crosscheck_parser
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import build_parser as engine_parser
 from numpy_engine.cli import main as engine_main
-from numpy_engine.cli import print_result
+from numpy_engine.cli_train import print_result
 from numpy_engine.models.gpt2 import GPT2
 from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.train import SequenceTrainConfig, train_sequence_task

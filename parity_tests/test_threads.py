@@ -155,11 +155,11 @@ def test_a_data_parallel_rank_takes_its_share_of_the_cores_for_blas_and_engine(
     2 cores -> 1 each."""
     import threadpoolctl
 
-    from numpy_engine import cli
+    from numpy_engine import cli_train
 
     blas = []
     monkeypatch.setattr(threadpoolctl, "threadpool_limits", blas.append)
     for cores, ranks, share in ((4, 2, 2), (2, 3, 1)):
-        monkeypatch.setattr(cli.os, "cpu_count", lambda cores=cores: cores)
-        cli._share_the_cores(ranks)
+        monkeypatch.setattr(cli_train.os, "cpu_count", lambda cores=cores: cores)
+        cli_train._share_the_cores(ranks)
         assert blas[-1] == share and threads.threads() == share
