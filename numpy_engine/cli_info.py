@@ -127,7 +127,7 @@ def _schedule(cfg: dict) -> str:
 
 def _optimizer(contents: Contents) -> str:
     from numpy_engine.checkpoint import FILENAME
-    from numpy_engine.train import RUN_STATE_KEYS
+    from numpy_engine.saved_runs import RUN_STATE_KEYS
 
     if not contents.optimizer_arrays:
         if contents.model_class.continues_prompt:  # a language model: fine-tuned by --init

@@ -180,6 +180,9 @@ def add_train_command(commands) -> None:
     train.set_defaults(run=run_train)
 
 
+# -------------------------------------------------------------------------- commands
+
+
 def run_train(args: argparse.Namespace) -> int:
     from numpy_engine.parallel import DataParallel, process_group, run_as_rank
 
@@ -296,7 +299,7 @@ def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
     meta = checkpoint.meta
     if not {"task", "train_config"} <= meta.keys():
         return checkpoint  # holds no training run: train.resume says so, and what to do
-    from numpy_engine.train import saved_config
+    from numpy_engine.saved_runs import saved_config
 
     saved = dataclasses.asdict(saved_config(args.resume, meta))  # with settings added since
     what_may_change = "only --steps may change"

@@ -53,7 +53,7 @@ class CharTrainConfig:
 
     optimizer_class = AdamW  # not a field: what optimizer() makes
     # settings added since some runs were saved, with the values those runs were trained with
-    # where they are not the defaults (train.saved_config): they decayed every parameter
+    # where they are not the defaults (saved_runs.saved_config): they decayed every parameter
     older_runs_had = {"weight_decay_on": "all"}
 
     def optimizer(self, params: dict) -> Optimizer:

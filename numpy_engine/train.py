@@ -1,6 +1,6 @@
-"""The training tasks (copy / reverse, a language model on text), saving a run, and exact
-resume; the loop they share is in loop.py, a language model's held-out evaluation and
---keep-best in evaluation.py.
+"""The training tasks (copy / reverse, a language model on text), and exact resume; the loop
+they share is in loop.py, a run saved and its checkpoint checked before it resumes in
+saved_runs.py, a language model's held-out evaluation and --keep-best in evaluation.py.
 
 One seed drives a run: the data split and the model's initial weights come from it,
 and the batch sampler draws from its own stream, default_rng([seed, 1]). A checkpoint
@@ -11,7 +11,6 @@ never stopped.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,13 +18,12 @@ from typing import TextIO
 
 import numpy as np
 
-from numpy_engine.checkpoint import Checkpoint, load_checkpoint, resolve, save_checkpoint
+from numpy_engine.checkpoint import Checkpoint, load_checkpoint, resolve
 from numpy_engine.checks import InputError
 from numpy_engine.configs import REFERENCE_RUNS, CharTrainConfig, SequenceTrainConfig
 from numpy_engine.dropout import every_site
 from numpy_engine.evaluation import (
     BEST,
-    best_evaluation,
     best_result,
     heldout_result,
     language_model_evaluation,
@@ -45,6 +43,12 @@ from numpy_engine.loop import (
 )
 from numpy_engine.models import Seq2SeqConfig, Seq2SeqTransformer, model_class
 from numpy_engine.parallel import DataParallel
+from numpy_engine.saved_runs import (
+    refuse_a_best_already_lost,
+    resumable_config,
+    resumed_state,
+    save_run,
+)
 from numpy_engine.tasks import (
     DEFAULT_TEXT,
     EOS,
@@ -70,6 +74,7 @@ __all__ = [  # the loop's names that callers know from here
     "train_char_lm",
     "train_sequence_task",
 ]
+
 
 # --------------------------------------------------------------- copy / reverse
 
@@ -292,20 +297,7 @@ def _continuing_text(kind: type) -> type:
     return kind
 
 
-# ------------------------------------------------------------------- files, resume
-
-
-def save_run(run: TrainRun, out_dir: str | Path) -> Path:
-    """result.json, history.json and checkpoint.npz (weights, optimizer state, meta) in out_dir."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(out, run.model, run.optimizer.state_arrays(), run.meta)
-    (out / "history.json").write_text(json.dumps(run.history) + "\n")
-    (out / "result.json").write_text(json.dumps(run.result, indent=2) + "\n")
-    return out
-
-
-RUN_STATE_KEYS = frozenset({"task", "train_config", "step", "sampler_state", "history"})  # meta's
+# ----------------------------------------------------------------------- resume
 
 
 def resume(
@@ -329,98 +321,15 @@ def resume(
     a run that kept its best (out_dir/BEST exists) keeps it on without being asked, so that
     best/ cannot go stale while later evaluations beat it."""
     checkpoint = load_checkpoint(out_dir) if checkpoint is None else checkpoint
-    cfg = _resumable_config(out_dir, checkpoint, steps)
+    cfg = resumable_config(out_dir, checkpoint, steps)
     meta = checkpoint.meta
     if isinstance(cfg, CharTrainConfig):  # a sequence task's run refuses keep_best
         keep_best = keep_best or resolve(Path(out_dir) / BEST).exists()
         if keep_best:
-            _refuse_a_best_already_lost(Path(out_dir), meta["history"])
+            refuse_a_best_already_lost(Path(out_dir), meta["history"])
     checkpointing = Checkpointing(Path(out_dir), checkpoint_every, keep_best)  # saved when stopped
-    state = _resumed_state(cfg, checkpoint)
+    state = resumed_state(cfg, checkpoint)
     return run_task(cfg, meta.get("text"), progress_stream, checkpointing, state, meta, parallel)
-
-
-def _resumable_config(out_dir, checkpoint: Checkpoint, steps: int | None):
-    """The run's saved config, to `steps` if given; refused, each with a line saying why:
-    a checkpoint of no run, a run done, a new --steps that a decaying lr or the warmup
-    does not allow."""
-    meta = checkpoint.meta
-    missing = RUN_STATE_KEYS - meta.keys()
-    if missing:
-        hint = ""
-        if checkpoint.model.continues_prompt:  # an imported GPT-2, say: weights, no run
-            hint = f"; to train it, start a run from it: train lm --init {out_dir}"
-        raise InputError(
-            f"checkpoint in {out_dir} cannot be resumed: it holds no training run's state "
-            f"(its meta lacks {sorted(missing)}){hint}"
-        )
-    cfg = saved_config(out_dir, meta)
-    if steps and steps != cfg.steps and cfg.schedule != "constant":
-        _refuse_other_steps(out_dir, cfg, steps, meta["step"], checkpoint.model)
-    cfg = replace(cfg, steps=steps or cfg.steps)
-    if meta["step"] >= cfg.steps:
-        raise InputError(
-            f"the run in {out_dir} has done {meta['step']} steps of {cfg.steps}: nothing to "
-            f"resume; give --steps N with N > {meta['step']} to train it further"
-        )
-    if cfg.warmup >= cfg.steps:  # only a new --steps can put the warmup past the run's end
-        raise InputError(
-            f"--steps {steps}: the run in {out_dir} raises its lr over its first {cfg.warmup} "
-            f"steps (--warmup {cfg.warmup}); give --steps N with N > {cfg.warmup}"
-        )
-    return cfg
-
-
-def _resumed_state(cfg, checkpoint: Checkpoint) -> TrainState:
-    """The run's state as saved: its model, optimizer (the checkpoint's optimizer_state is
-    consumed as it is read), batch sampler, step and history."""
-    meta = checkpoint.meta
-    sampler = np.random.default_rng()
-    sampler.bit_generator.state = meta["sampler_state"]
-    optimizer = cfg.optimizer(checkpoint.model.params)
-    optimizer.load_state_dict(checkpoint.optimizer_state, consume=True)
-    return TrainState(checkpoint.model, optimizer, sampler, meta["step"], meta["history"])
-
-
-def _refuse_a_best_already_lost(out: Path, history: dict) -> None:
-    """--keep-best on resuming a run that evaluated without it: its lowest held-out loss so
-    far, which later evaluations must beat to be kept, has no weights in out/BEST."""
-    best = best_evaluation(history.get("eval", []))
-    if best is not None and not resolve(out / BEST).exists():
-        raise InputError(
-            f"--keep-best: the run in {out} was not kept at its best so far (held-out loss "
-            f"{best['heldout_loss']:.4f} at step {best['step']}, without --keep-best): resume "
-            "it without --keep-best, or start the run again with it"
-        )
-
-
-def _refuse_other_steps(out_dir, cfg, steps: int, done: int, model) -> None:
-    """--steps for a run whose lr decays over its own steps: refused, saying what can be done
-    instead (resume it as it is; a finished language model's weights can start a new run)."""
-    instead = "Resume it without --steps (a run with --schedule constant can be given more)"
-    if done >= cfg.steps:
-        instead = f"It has taken all {cfg.steps}"
-        if model.continues_prompt:
-            instead += f"; to train its weights on, start a new run: train lm --init {out_dir}"
-    raise InputError(
-        f"--steps {steps}: the run in {out_dir} lowers its lr over its {cfg.steps} steps "
-        f"(--schedule {cfg.schedule}); over {steps} steps its lr would have been another from "
-        f"the start. {instead}"
-    )
-
-
-def saved_config(out_dir, meta: dict):
-    """The run's config: the class of its task's reference run, with the saved settings. A
-    setting added since the run was saved takes what the run was trained with: the value in
-    the class's older_runs_had where that is not the setting's default, else its default."""
-    if meta["task"] not in REFERENCE_RUNS:
-        raise InputError(
-            f"checkpoint in {out_dir} is of task {meta['task']!r}, which is not known here "
-            f"(known: {', '.join(REFERENCE_RUNS)})"
-        )
-    config_class = type(REFERENCE_RUNS[meta["task"]])
-    before = getattr(config_class, "older_runs_had", {})
-    return config_class(**{**before, **meta["train_config"]})  # else a new setting's default
 
 
 def run_task(

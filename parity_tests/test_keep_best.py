@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from numpy_engine import evaluation, train
+from numpy_engine import evaluation, saved_runs, train
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main
 from numpy_engine.configs import CharTrainConfig
@@ -108,7 +108,7 @@ def test_a_nan_held_out_loss_is_never_kept_nor_the_best_later_ones_must_beat(tmp
     only_nan = TrainState(None, None, None, 1, {"eval": nan_first[:1]})
     checkpointing = train.Checkpointing(tmp_path, None, keep_best=True)
     assert evaluation.best_result(only_nan, checkpointing) == {"best": None}
-    train._refuse_a_best_already_lost(tmp_path, only_nan.history)  # no best was there to lose
+    saved_runs.refuse_a_best_already_lost(tmp_path, only_nan.history)  # no best was there to lose
 
 
 def test_a_run_without_keep_best_reports_no_best(tmp_path):
