@@ -7,10 +7,12 @@ and training at defaults: test_training.py."""
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import re
 import tracemalloc
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -65,6 +67,10 @@ def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target
         return seen[-1]
 
     monkeypatch.setattr(train, "random_windows", spy)
+    # the evaluation's clock: each reading 1.5 s after the last, from 100 s (a clock's zero
+    # is arbitrary): each evaluation shows the 1.5 s between its first reading and its last
+    clock = itertools.count(100.0, 1.5)
+    monkeypatch.setattr(evaluation, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     cfg = CharTrainConfig(steps=6, context=8, batch_size=4, holdout=0.25, eval_every=4)
     progress = io.StringIO()
     run = train_char_lm(cfg, HELD_OUT_TEXT, progress_stream=progress)
@@ -85,7 +91,7 @@ def test_a_holdout_is_never_trained_on_and_its_loss_weighs_every_held_out_target
     assert result["heldout_targets"] == 99
     assert result["heldout_loss"] == run.history["eval"][-1]["heldout_loss"]
     shown = re.findall(
-        r"step +(\d+)/6 .* held-out loss (\S+) \(99 tokens, \d+\.\d s\)\n", progress.getvalue()
+        r"step +(\d+)/6 .* held-out loss (\S+) \(99 tokens, 1\.5 s\)\n", progress.getvalue()
     )
     assert shown == [(str(e["step"]), f"{e['heldout_loss']:.4f}") for e in run.history["eval"]]
     assert abs(result["heldout_loss"] - total / 99) <= 1e-6 * total / 99
