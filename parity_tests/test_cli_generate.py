@@ -70,6 +70,7 @@ def untrained_char(tmp_path_factory):
         (["--max-new-tokens", "9", "--top-k", "3", "--seed", "5"], (9, 1.0, 3, None, 5)),
         (["--max-new-tokens", "9", "--top-p", "0.5", "--seed", "1"], (9, 1.0, None, 0.5, 1)),
         (["--max-new-tokens", "6", "--no-cache"], (6, 0.0, None, None, 0)),
+        (["--max-new-tokens", "5", "--temperature", "0"], (5, 0.0, None, None, 0)),  # greedy
     ],
 )
 def test_generate_from_a_prompt_is_the_librarys_generate(
