@@ -122,6 +122,34 @@ def recorded_decoder(make_decoder, events: list):
     return decoder
 
 
+class FlushRecorder:
+    """A stdout that notes each write and each flush, in order."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.encoding = "utf-8"
+
+    def write(self, text: str) -> int:
+        self.events.append(("write", text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.events.append("flush")
+
+
+def test_each_piece_of_generated_text_is_flushed_as_it_comes(untrained_char, monkeypatch):
+    """Each piece goes out when it is written: a pipe's stdout is block-buffered, so without
+    a flush a piece would wait in the buffer until 8 KB had filled it (the subprocess test
+    above still passes then: an untrained model fills 8 KB in seconds)."""
+    stdout = FlushRecorder()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    run = ["generate", "--checkpoint", str(untrained_char), "--prompt", "to ", "--max-new-tokens"]
+    assert engine_main([*run, "5"]) == 0
+    writes = [i for i, event in enumerate(stdout.events) if event != "flush"]
+    assert len(writes) >= 2 and stdout.events[writes[0]] == ("write", "to ")
+    assert all(stdout.events[i + 1 : i + 2] == ["flush"] for i in writes), stdout.events
+
+
 @pytest.mark.parametrize("flags, max_new", [([], 4), (["--max-new-tokens", "2"], 2)])
 def test_generate_from_a_source_is_the_librarys_greedy_decode(
     untrained_copy, flags, max_new, capsys
