@@ -150,11 +150,24 @@ def test_each_piece_of_generated_text_is_flushed_as_it_comes(untrained_char, mon
     assert all(stdout.events[i + 1 : i + 2] == ["flush"] for i in writes), stdout.events
 
 
-@pytest.mark.parametrize("flags, max_new", [([], 4), (["--max-new-tokens", "2"], 2)])
+@pytest.mark.parametrize(
+    "flags, max_new, cached",
+    [([], 4, True), (["--max-new-tokens", "2"], 2, True), (["--no-cache"], 4, False)],
+)
 def test_generate_from_a_source_is_the_librarys_greedy_decode(
-    untrained_copy, flags, max_new, capsys
+    untrained_copy, flags, max_new, cached, capsys, monkeypatch
 ):
-    """As many tokens as the source has symbols, and EOS, unless --max-new-tokens says."""
+    """As many tokens as the source has symbols, and EOS, unless --max-new-tokens says;
+    through the decoder's cache unless --no-cache (the same tokens either way)."""
+    import numpy_engine.generate
+
+    use_cache, decode = [], numpy_engine.generate.greedy_decode
+
+    def recorded(model, source, max_new_tokens, use_cache_given):
+        use_cache.append(use_cache_given)
+        return decode(model, source, max_new_tokens, use_cache_given)
+
+    monkeypatch.setattr(numpy_engine.generate, "greedy_decode", recorded)
     capsys.readouterr()
     assert (
         engine_main(
@@ -162,6 +175,7 @@ def test_generate_from_a_source_is_the_librarys_greedy_decode(
         )
         == 0
     )
+    assert use_cache == [cached]
     model = load_checkpoint(untrained_copy).model
     generated = greedy_decode(model, np.array([[4, 7, 9]]), max_new)[0]
     assert (generated != 0).all()  # no EOS before the end, so no padding: all max_new shown
