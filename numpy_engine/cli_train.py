@@ -180,7 +180,7 @@ def add_train_command(commands) -> None:
     train.set_defaults(run=run_train)
 
 
-# -------------------------------------------------------------------------- commands
+# ----------------------------------------------------------------------- the run
 
 
 def run_train(args: argparse.Namespace) -> int:
