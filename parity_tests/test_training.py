@@ -5,9 +5,11 @@ A language model's held-out evaluation: test_heldout.py."""
 from __future__ import annotations
 
 import io
+import json
 import math
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -265,6 +267,23 @@ def test_a_language_model_run_samples_from_its_prompt_and_refuses_what_does_not_
     assert run.result["prompt"] == "be" and run.result["greedy_sample"].startswith("be")
     with pytest.raises(ValueError, match=r"batch_size=10000000 with context=32 \(320,000,000"):
         train_char_lm(CharTrainConfig(batch_size=10**7), progress_stream=None)
+
+
+def test_save_run_writes_the_runs_three_files_and_returns_their_directory(tmp_path):
+    """Given as a str or a Path, the directory comes back as a Path holding the checkpoint,
+    the history and the result, each as the run holds it."""
+    run = train_char_lm(CharTrainConfig(steps=1, context=8), progress_stream=None)
+    for given in (str(tmp_path / "as-str"), tmp_path / "as-path"):
+        out = save_run(run, given)
+        assert isinstance(out, Path) and out == Path(given)
+        assert sorted(p.name for p in out.iterdir()) == [
+            "checkpoint.npz",
+            "history.json",
+            "result.json",
+        ]
+        assert json.loads((out / "result.json").read_text()) == run.result
+        assert json.loads((out / "history.json").read_text()) == run.history
+        assert load_checkpoint(out).meta["step"] == 1
 
 
 def test_fine_tuning_starts_from_the_checkpoints_weights_and_refuses_a_longer_context(tmp_path):
