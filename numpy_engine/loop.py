@@ -61,7 +61,14 @@ class Checkpointing:
 
     def make_directory(self) -> None:
         """out, made before the first step: a place where no checkpoint can be written is
-        refused then, not when the run ends (or at its first checkpoint) with its steps lost."""
+        refused then, not when the run ends (or at its first checkpoint) with its steps lost.
+        A name ending in .npz is refused too: such a path names the checkpoint file itself
+        (checkpoint.resolve), so the run's files could not go into it."""
+        if self.out.suffix == ".npz":
+            raise InputError(
+                f"{self.out}: a run's directory cannot end in .npz, which names a checkpoint "
+                "file; give a directory (the run writes its checkpoint.npz into it)"
+            )
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as error:

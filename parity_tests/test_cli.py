@@ -301,6 +301,27 @@ def test_an_out_where_no_directory_can_be_made_is_refused_before_the_first_step(
     assert a_file.read_text() == "mine"  # and no step's progress line was printed before
 
 
+def test_a_run_directory_ending_in_npz_is_refused_before_the_first_step(tmp_path, capsys):
+    """A path ending in .npz names a checkpoint file (checkpoint.resolve): a run trained into
+    one made it a directory and lost its steps to an error when it saved; one resumed from
+    its checkpoint file could not make its directory. Both are refused by name, before any
+    step, with nothing written."""
+    out = tmp_path / "x.npz"
+    assert engine_main(["train", "copy", "--steps", "2000", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"numpy-engine train: error: {out}: a run's directory cannot end in .npz, which names "
+        "a checkpoint file; give a directory (the run writes its checkpoint.npz into it)\n"
+    )  # and no progress line: refused before the first step
+    assert not out.exists()
+    run = tmp_path / "run"
+    assert engine_main(["train", "copy", "--steps", "1", "--out", str(run), "--quiet"]) == 0
+    kept = {path.name: path.read_bytes() for path in run.iterdir()}
+    capsys.readouterr()
+    assert engine_main(["train", "--resume", str(run / "checkpoint.npz"), "--steps", "2"]) == 2
+    assert "checkpoint.npz: a run's directory cannot end in .npz" in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in run.iterdir()} == kept
+
+
 def test_only_plot_draws_a_picture_and_a_run_without_out_writes_nothing(tmp_path, capsys):
     """--quiet, --checkpoint-every and --resume draw no picture; --plot draws loss.png into
     the run's directory, a resumed run's too; without --out a run only prints its result."""
