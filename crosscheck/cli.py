@@ -17,6 +17,7 @@ from numpy_engine.cli_args import (
     new_file_path,
     non_negative_int,
     parse_command,
+    path_name,
     positive_int,
     refuse_an_existing_checkpoint,
     refuse_to_overwrite,
@@ -45,6 +46,7 @@ def add_parity_command(commands) -> None:
     )
     which.add_argument(
         "--checkpoint",
+        type=path_name,
         metavar="PATH",
         help="instead, the model a checkpoint holds (a checkpoint.npz or a run directory, e.g. "
         f"an imported GPT-2): its weights in both libraries, on a batch of {EXAMPLE_ROWS} rows "
@@ -75,7 +77,9 @@ def add_interchange_commands(commands) -> None:
         "with the model's kind and config. Needs PyTorch (the test extra).",
     )
     add_checkpoint_argument(export)
-    export.add_argument("--to", required=True, metavar="FILE", help="the .pt file to write")
+    export.add_argument(
+        "--to", required=True, type=path_name, metavar="FILE", help="the .pt file to write"
+    )
     export.set_defaults(run=run_export)
     imp = commands.add_parser(
         "import",
@@ -83,10 +87,13 @@ def add_interchange_commands(commands) -> None:
         description="Load a state_dict with torch's weights-only loader (anything else is "
         "refused) and write DIR/checkpoint.npz. Needs PyTorch (the test extra).",
     )
-    imp.add_argument("state_dict", metavar="FILE", help="the .pt file")
-    imp.add_argument("--out", required=True, metavar="DIR", help="where checkpoint.npz goes")
+    imp.add_argument("state_dict", type=path_name, metavar="FILE", help="the .pt file")
+    imp.add_argument(
+        "--out", required=True, type=path_name, metavar="DIR", help="where checkpoint.npz goes"
+    )
     imp.add_argument(
         "--config",
+        type=path_name,
         metavar="JSON",
         help="the model description (default: FILE.json, as export writes it)",
     )

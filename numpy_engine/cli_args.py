@@ -81,6 +81,15 @@ def fraction(text: str) -> float:
     return _number(text, float, "a fraction between 0 and 1", lambda value: 0 < value < 1)
 
 
+def path_name(text: str) -> str:
+    """A file's or directory's name, as given. An empty one (an unset shell variable, say) is
+    refused: taken as it is, it named the current directory (--out "" trained and saved
+    nothing) or nothing at all (--text "" trained on the built-in line)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a file or directory, got an empty name")
+    return text
+
+
 # what matplotlib writes, with Pillow (a dependency of its): pgf, raw and avif left out (they
 # need LaTeX, are no picture, or a Pillow built with AVIF)
 PICTURE_FORMATS = "png svg svgz pdf eps ps jpg jpeg tif tiff webp gif".split()
@@ -158,6 +167,7 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint",
         required=True,
+        type=path_name,
         metavar="PATH",
         help="a checkpoint.npz, or the --out DIR of a training run",
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from numpy_engine.cli_args import (
     add_checkpoint_argument,
+    path_name,
     refuse_a_file,
     refuse_an_existing_checkpoint,
     refuse_to_overwrite,
@@ -30,8 +31,12 @@ def add_hf_commands(commands) -> None:
         "v), the config, and the tokenizer for generate --prompt and train lm --text. "
         "A missing or unexpected key, a wrong shape or a model_type other than gpt2 is refused.",
     )
-    imp.add_argument("directory", metavar="DIR", help="the Hugging Face model directory")
-    imp.add_argument("--out", required=True, metavar="RUN", help="where checkpoint.npz goes")
+    imp.add_argument(
+        "directory", type=path_name, metavar="DIR", help="the Hugging Face model directory"
+    )
+    imp.add_argument(
+        "--out", required=True, type=path_name, metavar="RUN", help="where checkpoint.npz goes"
+    )
     imp.set_defaults(run=run_import)
 
     exp = commands.add_parser(
@@ -41,7 +46,9 @@ def add_hf_commands(commands) -> None:
         "tokenizer.json into DIR, which GPT2LMHeadModel.from_pretrained(DIR) loads.",
     )
     add_checkpoint_argument(exp)
-    exp.add_argument("--to", required=True, metavar="DIR", help="the directory to write")
+    exp.add_argument(
+        "--to", required=True, type=path_name, metavar="DIR", help="the directory to write"
+    )
     exp.set_defaults(run=run_export)
 
 

@@ -18,6 +18,7 @@ from numpy_engine.cli_args import (
     fraction,
     int_in,
     non_negative_int,
+    path_name,
     picture_path,
     positive_int,
     source_ids,
@@ -59,7 +60,9 @@ def add_study_commands(commands) -> None:
         description="Draw training loss per step, held-out loss at evaluations and, for "
         "copy/reverse, exact match on a second axis. Needs the plot extra.",
     )
-    plot.add_argument("run_dir", metavar="DIR", help="the --out DIR of a training run")
+    plot.add_argument(
+        "run_dir", type=path_name, metavar="DIR", help="the --out DIR of a training run"
+    )
     plot.add_argument(
         "--out",
         type=picture_path,
@@ -87,6 +90,7 @@ def add_study_commands(commands) -> None:
     )
     which.add_argument(
         "--checkpoint",
+        type=path_name,
         metavar="PATH",
         help="instead, the model a checkpoint holds (a checkpoint.npz or a run directory), on a "
         f"batch of {EXAMPLE_ROWS} rows of at most {CHECKPOINT_LENGTH} positions; slow on a large "
@@ -135,7 +139,9 @@ def add_eval_command(commands) -> None:
         "learned; the text it trained on, what it memorized.",
     )
     add_checkpoint_argument(evaluate)
-    evaluate.add_argument("--text", metavar="FILE", required=True, help="a UTF-8 text file")
+    evaluate.add_argument(
+        "--text", type=path_name, metavar="FILE", required=True, help="a UTF-8 text file"
+    )
     evaluate.add_argument(
         "--context",
         type=positive_int,

@@ -20,6 +20,7 @@ from numpy_engine.cli_args import (
     name_in,
     non_negative_float,
     non_negative_int,
+    path_name,
     positive_float,
     positive_int,
     refuse_an_existing_checkpoint,
@@ -80,7 +81,7 @@ RUN_FLAGS = {
         "default: the model's own: 0 for a new model, an imported GPT-2's from its config.json",
     ),
     "init": (
-        str,
+        path_name,
         "lm: the checkpoint to fine-tune (e.g. written by import-hf); its tokenizer reads --text",
         "default: none, a new model",
     ),
@@ -126,11 +127,13 @@ def add_train_command(commands) -> None:
         train.add_argument(_flag(name), type=kind, help=f"{text} ({default})")
     train.add_argument(
         "--text",
+        type=path_name,
         metavar="FILE",
         help="char-lm, lm: a UTF-8 text file to train on (default: a built-in line of Hamlet)",
     )
     train.add_argument(
         "--out",
+        type=path_name,
         metavar="DIR",
         help="keep result.json, history.json and checkpoint.npz in DIR; Ctrl-C (or SIGTERM) "
         "stops the run after the step in progress and saves its checkpoint there, for --resume "
@@ -151,6 +154,7 @@ def add_train_command(commands) -> None:
     )
     train.add_argument(
         "--resume",
+        type=path_name,
         metavar="DIR",
         help="continue the run whose checkpoint is in DIR (no TASK), bit for bit as if it had "
         "not stopped; with --steps N, train it on to step N (unless its lr decays over its "

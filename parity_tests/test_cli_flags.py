@@ -94,6 +94,39 @@ def test_flags_out_of_range_are_refused_as_they_are_parsed(args, message, capsys
     assert exit_status.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["train", "copy", "--out", ""], "--out"),  # trained, and saved nothing
+        (["train", "char-lm", "--text", ""], "--text"),  # trained on the built-in line
+        (["train", "--resume", " "], "--resume"),
+        (["train", "lm", "--init", ""], "--init"),
+        (["generate", "--checkpoint", "", "--source", "4"], "--checkpoint"),
+        (["info", "--checkpoint", ""], "--checkpoint"),
+        (["attention", "--checkpoint", "", "--prompt", "a"], "--checkpoint"),
+        (["grads", "--checkpoint", ""], "--checkpoint"),
+        (["eval", "--checkpoint", "RUN", "--text", ""], "--text"),
+        (["plot", ""], "DIR"),
+        (["import-hf", "", "--out", "RUN"], "DIR"),
+        (["import-hf", "DIR", "--out", ""], "--out"),
+        (["export-hf", "--checkpoint", "RUN", "--to", ""], "--to"),
+        (["parity", "--checkpoint", ""], "--checkpoint"),
+        (["export", "--checkpoint", "RUN", "--to", ""], "--to"),
+        (["import", "", "--out", "DIR"], "FILE"),
+        (["import", "FILE", "--out", ""], "--out"),
+        (["import", "FILE", "--out", "DIR", "--config", ""], "--config"),
+    ],
+)
+def test_an_empty_file_or_directory_name_is_refused_as_it_is_parsed(args, flag, capsys):
+    """An empty name (an unset shell variable, say) named the current directory or nothing."""
+    parser = crosscheck_parser() if args[0] in ("parity", "export", "import") else engine_parser()
+    with pytest.raises(SystemExit) as exit_status:
+        parser.parse_args(args)
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2
+    assert f"argument {flag}: must name a file or directory, got an empty name" in err
+
+
 def test_flags_at_the_edge_of_their_range(capsys):
     """A seed of 0, a dropout rate and a temperature of 0, a learning rate below 1 and the
     least and most --entries are taken; a learning rate of 0 is refused."""
