@@ -232,6 +232,13 @@ def guarded_update(state: TrainState, step: int, grads, clip: float) -> float:
         named = grads if isinstance(grads, dict) else unflatten(grads, state.model.params)
         check_finite(step, named)  # raises, naming the parameter
         raise TrainingDiverged(f"step {step}: {error}; stopped before updating") from None
+    except FloatingPointError as error:  # (under np.errstate(over="raise"), as the CLI runs)
+        # finite gradients, but a step past the parameters' dtype: an lr of 1e39 overflows
+        # float32 in the update itself, before any forward pass could see it
+        raise TrainingDiverged(
+            f"step {step}: {error} in the optimizer's update (lr {state.optimizer.lr:g}): the "
+            "learning rate is too large for the parameters' dtype; stopped during the update"
+        ) from None
 
 
 def _train_step(state: TrainState, step: int, batch: tuple, cfg, parallel):

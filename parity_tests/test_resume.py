@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,6 +135,21 @@ def test_a_non_finite_loss_stops_training_even_when_the_gradients_are_finite():
     with pytest.raises(TrainingDiverged, match=stopped):
         train_sequence_task(SequenceTrainConfig(steps=5), None, None, None, state)
     assert state.step == 2 and history["step"] == [1, 2] and state.optimizer.step_count == 2
+
+
+def test_an_update_past_the_parameters_dtype_stops_naming_the_learning_rate(capsys):
+    """An lr of 1e39, past float32's range, overflows in the update itself, before a forward
+    pass could see it: the stop names the step, the update and the lr, not only "numerical
+    error: overflow encountered in cast" as before."""
+    from numpy_engine.cli import main
+
+    assert main(["train", "copy", "--steps", "3", "--lr", "1e39", "--quiet"]) == 1
+    assert re.fullmatch(
+        r"numpy-engine train: stopped: step 1: overflow encountered in \w+ in the optimizer's "
+        r"update \(lr 1e\+39\): the learning rate is too large for the parameters' dtype; "
+        r"stopped during the update\n",
+        capsys.readouterr().err,
+    )
 
 
 def test_divergence_on_the_command_line_exits_1_with_one_line(tmp_path):
