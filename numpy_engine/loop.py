@@ -13,7 +13,7 @@ from typing import Callable, TextIO
 
 import numpy as np
 
-from numpy_engine.checkpoint import save_checkpoint
+from numpy_engine.checkpoint import resolve, save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.configs import WEIGHT_DECAY_ON
 from numpy_engine.dropout import training_rng
@@ -62,9 +62,9 @@ class Checkpointing:
     def make_directory(self) -> None:
         """out, made before the first step: a place where no checkpoint can be written is
         refused then, not when the run ends (or at its first checkpoint) with its steps lost.
-        A name ending in .npz is refused too: such a path names the checkpoint file itself
-        (checkpoint.resolve), so the run's files could not go into it."""
-        if self.out.suffix == ".npz":
+        A path that checkpoint.resolve reads as the checkpoint file itself (a name ending in
+        .npz) is refused too: the run's files could not go into it."""
+        if resolve(self.out) == self.out:
             raise InputError(
                 f"{self.out}: a run's directory cannot end in .npz, which names a checkpoint "
                 "file; give a directory (the run writes its checkpoint.npz into it)"
