@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -66,6 +67,61 @@ def test_plot_names_what_a_run_directory_lacks(tmp_path, capsys):
         assert main(["plot", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
         assert f"error: {tmp_path / name}" in err and said in err and "Traceback" not in err, err
+    assert sorted(path.name for path in tmp_path.rglob("*.png")) == []
+
+
+def _holding(history: dict, path: tuple):
+    """The list or dict that holds the entry at path (keys and indices), and its key."""
+    *into, last = path
+    for key in into:
+        history = history[key]
+    return history, last
+
+
+def _with(history: dict, value, *path) -> dict:
+    place, key = _holding(history, path)
+    place[key] = value
+    return history
+
+
+def _without(history: dict, *path) -> dict:
+    place, key = _holding(history, path)
+    del place[key]
+    return history
+
+
+SPOILED_HISTORIES = {  # what is wrong: (a change to a copy run's history, what plot says)
+    "a list": (lambda h: [h], "a JSON object with step and train_loss lists, got a list"),
+    "no losses": (lambda h: _without(h, "train_loss"), '"train_loss" is not a list of numbers'),
+    "a text loss": (lambda h: _with(h, "x", "train_loss", 3), '"train_loss" is not a list of'),
+    "a true step": (lambda h: _with(h, True, "step", 0), '"step" is not a list of numbers'),
+    "a loss short": (
+        lambda h: _with(h, h["train_loss"][:-1], "train_loss"),
+        '"train_loss" has 199 values and "step" 200',
+    ),
+    "one lr": (lambda h: _with(h, [0.1], "lr"), '"lr" has 1 values and "step" 200'),
+    "an eval without its loss": (
+        lambda h: _without(h, "eval", 0, "heldout_loss"),
+        '"eval" is not a list of objects with a step and a heldout_loss',
+    ),
+    "an eval without exact match": (
+        lambda h: _without(h, "eval", -1, "exact_match"),
+        '"eval" has an exact_match in its first entry and not in every one',
+    ),
+}
+
+
+@pytest.mark.parametrize("wrong", SPOILED_HISTORIES)
+def test_plot_refuses_a_history_it_cannot_draw_naming_what_is_wrong(runs, tmp_path, capsys, wrong):
+    """Each was a traceback (AttributeError, KeyError or matplotlib's own) after the figure
+    was begun: now exit 2 naming the key, nothing drawn."""
+    change, said = SPOILED_HISTORIES[wrong]
+    history = json.loads((runs / "copy" / "history.json").read_text())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "history.json").write_text(json.dumps(change(history)))
+    assert main(["plot", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"run/history.json: not a run's history: {said}" in err, err
     assert sorted(path.name for path in tmp_path.rglob("*.png")) == []
 
 
