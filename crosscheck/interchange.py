@@ -58,14 +58,32 @@ def import_state_dict(path: str | Path, out: str | Path, config_path: str | Path
         isinstance(v, torch.Tensor) for v in state_dict.values()
     ):
         raise InputError(f"{path}: refused, expected a dict of tensors (a state_dict)")
+    description = _read_description(config_path)
     try:
-        description = json.loads(config_path.read_text())
-        if not isinstance(description, dict):
-            raise TypeError(f"a JSON {type(description).__name__}, not an object")
         kind = model_class(description["kind"])
         config = kind.config_class(**description["config"])
-    except (OSError, KeyError, TypeError, ValueError) as error:
+    except (TypeError, ValueError) as error:
         raise InputError(f"{config_path}: cannot read the model description ({error})") from None
     params = {key: np.array(t.detach().numpy()) for key, t in state_dict.items()}
     model = kind.with_params(config, params)
-    return save_checkpoint(out, model, None, description.get("meta", {}))
+    return save_checkpoint(out, model, None, description["meta"])
+
+
+def _read_description(config_path: Path) -> dict:
+    """What export wrote beside the .pt: the model's kind (a name), its config and the meta
+    (JSON objects; a description without meta has none)."""
+    try:
+        description = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise InputError(f"{config_path}: cannot read the model description ({error})") from None
+    if not isinstance(description, dict):
+        problem = f"a JSON {type(description).__name__}, not an object"
+    elif not isinstance(description.get("kind"), str):
+        problem = 'no "kind" that names a model kind'
+    elif not isinstance(description.get("config"), dict):
+        problem = 'no "config" object'
+    elif not isinstance(description.setdefault("meta", {}), dict):
+        problem = '"meta" is not a JSON object'
+    else:
+        return description
+    raise InputError(f"{config_path}: cannot read the model description ({problem})")

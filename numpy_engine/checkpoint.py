@@ -262,4 +262,8 @@ def _from_header(path: Path, header: dict) -> tuple:
         meta = json.loads(str(header["meta"]))
     except (TypeError, ValueError) as error:  # JSONDecodeError is a ValueError
         raise InputError(f"checkpoint {path}: unreadable config or meta ({error})") from None
+    if not isinstance(meta, dict):  # what a run, an import or a user wrote: read by its keys
+        raise InputError(
+            f"checkpoint {path}: its meta is a JSON {type(meta).__name__}, not an object"
+        )
     return model_class, config, meta

@@ -172,6 +172,16 @@ def test_refuses_a_wrong_version_and_mismatched_params(saved):
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize("meta", [[1], "copy", 3])
+def test_a_meta_that_is_not_an_object_is_refused_by_name(saved, meta):
+    """Read by its keys (info, generate, --resume): a list was an AttributeError in each."""
+    path = saved[0]
+    rewrite(path, meta=np.array(json.dumps(meta)))
+    said = f"^checkpoint {re.escape(str(path))}: its meta is a JSON {type(meta).__name__}, not"
+    with pytest.raises(ValueError, match=said):
+        load_checkpoint(path)
+
+
 @pytest.mark.parametrize(
     "content, message",
     [

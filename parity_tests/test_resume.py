@@ -306,6 +306,37 @@ def test_import_names_a_damaged_file_whatever_its_bytes(
     assert not (tmp_path / "x").exists()
 
 
+SPOILED_DESCRIPTIONS = {  # what is wrong: (the description from export's, what import says)
+    "a list": (lambda d: [d], "(a JSON list, not an object)"),
+    "no kind": (lambda d: {"config": d["config"]}, '(no "kind" that names a model kind)'),
+    "a listed kind": (lambda d: d | {"kind": [d["kind"]]}, '(no "kind" that names a model'),
+    "a listed config": (lambda d: d | {"config": [1]}, '(no "config" object)'),
+    "a listed meta": (lambda d: d | {"meta": [1]}, '("meta" is not a JSON object)'),
+}
+
+
+def test_import_names_what_a_model_description_lacks(trained, tmp_path, capsys):
+    """Each was the bare KeyError "('config')", "unhashable type: 'list'", or (a listed meta)
+    a checkpoint written that info, generate and --resume then failed on."""
+    from crosscheck.cli import main as crosscheck_main
+
+    pt = tmp_path / "model.pt"
+    assert crosscheck_main(["export", "--checkpoint", str(trained), "--to", str(pt)]) == 0
+    exported = json.loads(pt.with_name("model.pt.json").read_text())
+    description = tmp_path / "description.json"
+    for wrong, (spoil, said) in SPOILED_DESCRIPTIONS.items():
+        description.write_text(json.dumps(spoil(exported)))
+        capsys.readouterr()
+        args = ["import", str(pt), "--out", str(tmp_path / "x"), "--config", str(description)]
+        assert crosscheck_main(args) == 2, wrong
+        err = capsys.readouterr().err
+        assert f"{description}: cannot read the model description {said}" in err, (wrong, err)
+        assert not (tmp_path / "x").exists(), wrong
+    description.write_text(json.dumps({k: exported[k] for k in ("kind", "config")}))
+    assert crosscheck_main(args) == 0  # without a meta: none
+    assert load_checkpoint(tmp_path / "x").meta == {}
+
+
 def test_export_makes_the_folder_it_writes_into_and_names_a_place_it_cannot(
     trained, tmp_path, capsys
 ):
