@@ -47,7 +47,7 @@ def info_lines(contents: Contents) -> list[tuple[str, str]]:
         ("model", _model(contents)),
         ("config", _config(contents.config)),
         ("text", _text(contents.meta)),
-        ("run", _run(contents.meta)),
+        ("run", _run(contents)),
         ("optimizer", _optimizer(contents)),
     ]
 
@@ -91,10 +91,18 @@ def _tokenizer_ids(tokenizer_json: str) -> int | None:
         return None
 
 
-def _run(meta: dict) -> str:
-    if "train_config" not in meta:
+def _run(contents: Contents) -> str:
+    from numpy_engine.checks import InputError
+    from numpy_engine.saved_runs import saved_config
+
+    meta = contents.meta
+    if not {"task", "train_config", "step"} <= meta.keys():
         return _no_run(meta)
-    cfg, history = meta["train_config"], meta.get("history", {})
+    try:  # the saved settings, with those added since
+        cfg = dataclasses.asdict(saved_config(contents.path.parent, meta))
+    except InputError as error:
+        return f"not readable here: {error}"
+    history = meta.get("history", {})
     start = f"from {cfg['init']}" if cfg.get("init") else "from scratch"
     parts = [
         f"{meta['task']} {start}, step {meta['step']} of {cfg['steps']}",

@@ -197,6 +197,7 @@ def _prompt_ids(args: argparse.Namespace, checkpoint) -> tuple[np.ndarray, list[
 
 def run_plot(args: argparse.Namespace) -> int:
     from numpy_engine.plots import plot_history
+    from numpy_engine.saved_runs import history_problem
 
     run_dir = Path(args.run_dir)
     history_file = run_dir / "history.json"
@@ -206,42 +207,12 @@ def run_plot(args: argparse.Namespace) -> int:
         history = json.loads(history_file.read_text())
     except (OSError, ValueError) as error:
         raise InputError(f"{history_file}: cannot read the history ({error})") from None
-    problem = _history_problem(history)
+    problem = history_problem(history)
     if problem:
         raise InputError(f"{history_file}: not a run's history: {problem}")
     out = args.out or run_dir / "loss.png"
     print(f"wrote {plot_history(history, out)}")
     return 0
-
-
-def _history_problem(history: object) -> str | None:
-    """What keeps a history.json from being drawn (as train writes it: loop.empty_history,
-    with "lr" on a run with a schedule), or None."""
-    if not isinstance(history, dict):
-        return f"a JSON object with step and train_loss lists, got a {type(history).__name__}"
-    steps = history.get("step")
-    for key in ("step", "train_loss", "lr") if "lr" in history else ("step", "train_loss"):
-        values = history.get(key)
-        if not (isinstance(values, list) and all(map(_is_number, values))):
-            return f'"{key}" is not a list of numbers'
-        if len(values) != len(steps):
-            return f'"{key}" has {len(values)} values and "step" {len(steps)}'
-    evals = history.get("eval", [])
-    keys = ("step", "heldout_loss")
-    if not isinstance(evals, list) or not all(_holds_numbers(e, keys) for e in evals):
-        return '"eval" is not a list of objects with a step and a heldout_loss'
-    if evals and "exact_match" in evals[0]:  # a sequence task's: drawn for every evaluation
-        if not all(_holds_numbers(e, ("exact_match",)) for e in evals):
-            return '"eval" has an exact_match in its first entry and not in every one'
-    return None
-
-
-def _holds_numbers(entry: object, keys: tuple) -> bool:
-    return isinstance(entry, dict) and all(_is_number(entry.get(key)) for key in keys)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _no_history(run_dir: Path) -> str:

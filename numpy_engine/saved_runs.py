@@ -6,7 +6,7 @@ it may be given, and its optimizer, sampler, step and history as saved."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -103,12 +103,98 @@ def _refuse_other_steps(out_dir, cfg, steps: int, done: int, model) -> None:
 def saved_config(out_dir, meta: dict):
     """The run's config: the class of its task's reference run, with the saved settings. A
     setting added since the run was saved takes what the run was trained with: the value in
-    the class's older_runs_had where that is not the setting's default, else its default."""
+    the class's older_runs_had where that is not the setting's default, else its default.
+    A run's state that cannot be read back (run_state_problem) is refused first."""
+    problem = run_state_problem(meta)
+    if problem:
+        raise InputError(f"checkpoint in {out_dir}: its run's state is damaged: {problem}")
     if meta["task"] not in REFERENCE_RUNS:
         raise InputError(
             f"checkpoint in {out_dir} is of task {meta['task']!r}, which is not known here "
             f"(known: {', '.join(REFERENCE_RUNS)})"
         )
-    config_class = type(REFERENCE_RUNS[meta["task"]])
-    before = getattr(config_class, "older_runs_had", {})
-    return config_class(**{**before, **meta["train_config"]})  # else a new setting's default
+    reference = REFERENCE_RUNS[meta["task"]]
+    problem = _settings_problem(meta["train_config"], reference)
+    if problem:
+        raise InputError(f"checkpoint in {out_dir}: its run's train_config {problem}")
+    before = getattr(reference, "older_runs_had", {})
+    return type(reference)(**{**before, **meta["train_config"]})  # else a new setting's default
+
+
+def run_state_problem(meta: dict) -> str | None:
+    """What in a checkpoint's saved run (those of RUN_STATE_KEYS its meta holds, as train
+    wrote them) cannot be read back, or None."""
+    kinds = {
+        "task": (str, "a task's name"),
+        "step": (int, "a count of steps"),
+        "train_config": (dict, "a JSON object"),
+    }
+    for key, (kind, what) in kinds.items():
+        if key in meta and not _is_a(meta[key], kind):
+            return f'"{key}" is not {what}: {meta[key]!r}'
+    if "sampler_state" in meta and not _is_generator_state(meta["sampler_state"]):
+        return '"sampler_state" is not the state of numpy\'s default random generator'
+    problem = history_problem(meta["history"]) if "history" in meta else None
+    return problem and f'"history": {problem}'
+
+
+def history_problem(history: object) -> str | None:
+    """What keeps a run's history (history.json, or a checkpoint's meta["history"]: lists of
+    one number a step from loop.empty_history, "lr" on a run with a schedule, evaluations)
+    from being read, or None."""
+    if not isinstance(history, dict):
+        return f"not a JSON object with step and train_loss lists: {_json_kind(history)}"
+    steps = history.get("step")
+    for key in ("step", "train_loss", *(k for k in ("grad_norm", "lr") if k in history)):
+        values = history.get(key)
+        if not (isinstance(values, list) and all(_is_a(value, float) for value in values)):
+            return f'"{key}" is not a list of numbers'
+        if len(values) != len(steps):
+            return f'"{key}" has {len(values)} values and "step" {len(steps)}'
+    evals = history.get("eval", [])
+    keys = ("step", "heldout_loss")
+    if not isinstance(evals, list) or not all(_holds_numbers(e, keys) for e in evals):
+        return '"eval" is not a list of objects with a step and a heldout_loss'
+    if evals and "exact_match" in evals[0]:  # a sequence task's: in every evaluation
+        if not all(_holds_numbers(e, ("exact_match",)) for e in evals):
+            return '"eval" has an exact_match in its first entry and not in every one'
+    return None
+
+
+def _settings_problem(saved: dict, reference) -> str | None:
+    """A saved train_config's setting that its task's config does not have, or whose value
+    is not of the kind of the setting's default (any, where that is None), or None."""
+    defaults = {field.name: getattr(reference, field.name) for field in fields(reference)}
+    unknown = sorted(saved.keys() - defaults.keys())
+    if unknown:
+        return f"has settings not known here: {unknown}"
+    for name, value in saved.items():
+        default = defaults[name]
+        if default is not None and not _is_a(value, type(default)):
+            return f"has {name}={value!r}, not of its default's kind ({default!r})"
+    return None
+
+
+def _is_generator_state(state: object) -> bool:
+    try:  # as resumed_state sets it
+        np.random.default_rng().bit_generator.state = state
+    except (TypeError, ValueError, KeyError):
+        return False
+    return True
+
+
+def _json_kind(value: object) -> str:
+    """What JSON value read as this Python one."""
+    kinds = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+    return kinds.get(type(value), "a number" if _is_a(value, float) else "an object")
+
+
+def _holds_numbers(entry: object, keys: tuple) -> bool:
+    return isinstance(entry, dict) and all(_is_a(entry.get(key), float) for key in keys)
+
+
+def _is_a(value: object, kind: type) -> bool:
+    """isinstance, but a bool is no number, and an int is a float (as JSON reads them)."""
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, int | float) if kind is float else isinstance(value, kind)

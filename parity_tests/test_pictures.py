@@ -91,7 +91,7 @@ def _without(history: dict, *path) -> dict:
 
 
 SPOILED_HISTORIES = {  # what is wrong: (a change to a copy run's history, what plot says)
-    "a list": (lambda h: [h], "a JSON object with step and train_loss lists, got a list"),
+    "a list": (lambda h: [h], "not a JSON object with step and train_loss lists: a list"),
     "no losses": (lambda h: _without(h, "train_loss"), '"train_loss" is not a list of numbers'),
     "a text loss": (lambda h: _with(h, "x", "train_loss", 3), '"train_loss" is not a list of'),
     "a true step": (lambda h: _with(h, True, "step", 0), '"step" is not a list of numbers'),
