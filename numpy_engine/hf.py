@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
-from numpy_engine.checks import InputError
+from numpy_engine.checks import InputError, check_positive_int
 from numpy_engine.dropout import check_rate
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.tasks import TokenizerCorpus
@@ -154,6 +154,9 @@ def config_from_hf(hf: dict, dtype: str) -> GPT2Config:
     missing = [name for name in REQUIRED if name not in hf]
     if missing:
         raise InputError(f"config.json has no {', '.join(missing)}")
+    for name in (*REQUIRED, "n_inner"):  # n_inner null or absent: 4 * n_embd
+        if name in REQUIRED or hf.get(name) is not None:
+            check_positive_int(f"config.json's {name}", hf[name])
     eos = hf.get("eos_token_id")
     rates = {
         ours: check_rate(theirs, hf.get(theirs, HF_DEFAULT_DROPOUT))

@@ -137,6 +137,12 @@ def _no_n_embd(directory):
     (directory / "config.json").write_text(json.dumps(config))
 
 
+def _config_changed(directory, drop: tuple = (), **changes):
+    config = json.loads((directory / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k not in drop} | changes
+    (directory / "config.json").write_text(json.dumps(config))
+
+
 def _tokenizer_larger_than_the_model(directory):
     tokenizer = bpe_tokenizer(DEFAULT_TEXT + "".join(map(chr, range(0x400, 0x500))))
     tokenizer.save(str(directory / "tokenizer.json"))
@@ -147,6 +153,18 @@ def _tokenizer_larger_than_the_model(directory):
     [
         (lambda d: (d / "config.json").write_text("[1, 2]"), "a JSON list, not an object"),
         (_no_n_embd, "config.json has no n_embd"),
+        (  # d_ff was 4 * None: a TypeError
+            lambda d: _config_changed(d, drop=("n_inner",), n_embd=None),
+            "config.json's n_embd must be an int, got NoneType None",
+        ),
+        (  # the eos id was compared with the text: a TypeError
+            lambda d: _config_changed(d, vocab_size="50257", eos_token_id=5),
+            "config.json's vocab_size must be an int, got str '50257'",
+        ),
+        (  # transformers' n_inner is taken as given unless null: 0 was read as 4 * n_embd
+            lambda d: _config_changed(d, n_inner=0),
+            "config.json's n_inner must be positive, got 0",
+        ),
         (
             lambda d: (d / "tokenizer.json").write_text("garbage"),
             "tokenizer.json: not a readable tokenizer",
@@ -157,6 +175,9 @@ def _tokenizer_larger_than_the_model(directory):
     ids=[
         "config-a-list",
         "config-without-n_embd",
+        "config-n_embd-null",
+        "config-vocab_size-text",
+        "config-n_inner-0",
         "tokenizer-garbage",
         "tokenizer-not-utf8",
         "tokenizer-too-large",
