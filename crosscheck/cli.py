@@ -23,6 +23,7 @@ from numpy_engine.cli_args import (
     refuse_to_overwrite,
     refuse_with_each_commands_usage,
     run_command,
+    thread_count,
 )
 from numpy_engine.models import KINDS
 from numpy_engine.study import CHECKPOINT_LENGTH, EXAMPLE_ROWS
@@ -127,7 +128,10 @@ def add_bench_command(commands) -> None:
         "pairs disagree by 10-20 percent: fewer than 20 do not measure a few percent)",
     )
     bench.add_argument(
-        "--threads", type=positive_int, default=1, help="BLAS and torch threads (default: 1)"
+        "--threads",
+        type=thread_count,
+        default=1,
+        help="BLAS and torch threads, at most the cores this process may use (default: 1)",
     )
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
     bench.add_argument(

@@ -51,6 +51,15 @@ def positive_int(text: str) -> int:
     return _number(text, int, "a positive integer", lambda value: value >= 1)
 
 
+def thread_count(text: str) -> int:
+    """A benchmark's threads: more than the cores would time how they contend for them."""
+    from numpy_engine.threads import usable_cores
+
+    cores = usable_cores()
+    what = f"an integer from 1 to the {cores} cores this process may use"
+    return _number(text, int, what, lambda value: 1 <= value <= cores)
+
+
 def non_negative_int(text: str) -> int:
     """A seed: NumPy's generators take any integer from 0 up."""
     return _number(text, int, "a non-negative integer", lambda value: value >= 0)

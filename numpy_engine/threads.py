@@ -45,7 +45,12 @@ def default_threads(environ=os.environ) -> int:
         value = environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)
-    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may use
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):  # Linux: the process's own, which may be fewer
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
 

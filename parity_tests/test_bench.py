@@ -329,6 +329,23 @@ def test_bench_refuses_a_json_path_it_could_not_write_before_it_runs(tmp_path, c
         assert stop.value.code == 2 and said in capsys.readouterr().err
 
 
+def test_bench_takes_threads_up_to_the_processs_cores(monkeypatch, capsys):
+    """--threads 99 on two cores ran, and printed copy's ratio 0.016 (torch's step 102 ms)
+    at 337% of the matmul peak: threads contending for cores, not the libraries."""
+    from numpy_engine import threads
+
+    asked = []
+    monkeypatch.setattr(threads, "usable_cores", lambda: 4)
+    monkeypatch.setattr(bench, "main", lambda *args: asked.append(args[3]) or {})
+    assert bench_command(["bench", "--configs", "copy", "--threads", "4"]) == 0
+    assert asked == [4]
+    with pytest.raises(SystemExit) as stop:  # argparse, before any step is timed
+        bench_command(["bench", "--configs", "copy", "--threads", "5"])
+    said = "argument --threads: must be an integer from 1 to the 4 cores this process may use"
+    assert stop.value.code == 2 and f"{said}, got 5" in capsys.readouterr().err
+    assert asked == [4]
+
+
 def test_bench_data_parallel_writes_its_json_too(tmp_path, monkeypatch, capsys):
     """--json was ignored with --data-parallel. The measurement (MPI ranks, DDP) is replaced
     here: what is checked is that its results reach the file as printed."""
