@@ -23,7 +23,7 @@ import torch
 import numpy_engine as ne
 from benchmarks.workloads import on_threads
 from crosscheck.convert import tensor, torch_model_for
-from numpy_engine.cli_args import new_file_path, positive_int
+from numpy_engine.cli_args import new_file_path, positive_int, thread_count
 from numpy_engine.generate import generate
 
 
@@ -55,7 +55,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--repeats", type=count, default=3, help="runs per path; median (default 3)"
     )
-    parser.add_argument("--threads", type=count, default=1, help="BLAS / torch threads (default 1)")
+    parser.add_argument(
+        "--threads",
+        type=thread_count,
+        default=1,
+        help="BLAS / torch threads, at most the cores this process may use (default 1)",
+    )
     parser.add_argument(
         "--batch", type=count, default=1, help="prompts decoded together (default 1)"
     )

@@ -60,7 +60,7 @@ from benchmarks import gpt2, workloads
 from benchmarks.call_count import Counted, calls_per_step
 from benchmarks.matmul_floor import best_seconds
 from benchmarks.step_parts import engine_parts, engine_side, torch_parts
-from numpy_engine.cli_args import positive_int
+from numpy_engine.cli_args import thread_count
 
 IN_STEP_RUNS = 3  # counted steps whose products are timed; the floor reports their median
 
@@ -256,9 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=1,
-        help="BLAS and torch threads (default: 1, the speed issue's bars)",
+        help="BLAS and torch threads, at most the cores this process may use (default: 1, "
+        "the speed issue's bars)",
     )
     args = parser.parse_args(argv)
     unknown = [name for name in args.configs if name not in known]

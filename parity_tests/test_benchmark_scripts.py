@@ -304,7 +304,12 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
         (
             "where_time_goes",
             ["--threads", "0"],
-            "argument --threads: must be a positive integer, got 0",
+            "argument --threads: must be an integer from 1 to the ",  # this process's cores
+        ),
+        (  # more threads than cores time how they contend for them
+            "generate",
+            ["--threads", "100000"],
+            "cores this process may use, got 100000",
         ),
         ("parallel", ["0"], "argument steps: must be a positive integer, got 0"),
         ("gpt2", ["four"], "argument steps: must be a positive integer, got 'four'"),
