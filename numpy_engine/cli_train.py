@@ -159,7 +159,7 @@ def add_train_command(commands) -> None:
         help="continue the run whose checkpoint is in DIR (no TASK), bit for bit as if it had "
         "not stopped; with --steps N, train it on to step N (unless its lr decays over its "
         "steps: --schedule linear or cosine). Its other settings are the checkpoint's: a flag "
-        "that differs from them is refused",
+        "that differs from them is refused. It saves into DIR (an --out elsewhere is refused)",
     )
     train.add_argument(
         "--plot",
@@ -254,6 +254,12 @@ def _refuse_before_training(args: argparse.Namespace) -> None:
         raise InputError("--keep-best needs --out DIR (where DIR/best goes)")
     if args.resume and args.task:
         raise InputError("--resume continues a saved run: give no TASK with it")
+    if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise InputError(  # it was ignored: the run went on in --resume's directory
+            f"--out {args.out} conflicts with --resume {args.resume}: a resumed run saves "
+            f"into the directory it continues; to continue a copy of the run, copy "
+            f"{args.resume} to {args.out} and give --resume {args.out}"
+        )
     if not (args.resume or args.task):
         raise InputError(f"give a TASK ({', '.join(REFERENCE_RUNS)}) or --resume DIR")
 

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,6 +183,27 @@ def trained(tmp_path_factory):
     cfg = SequenceTrainConfig(steps=30, eval_every=30)
     save_run(train_sequence_task(cfg, progress_stream=None), out)
     return out
+
+
+def test_resume_refuses_an_out_elsewhere_and_takes_its_own_directory(trained, tmp_path, capsys):
+    """--out OTHER beside --resume RUN was ignored: the run went on in RUN, over the
+    checkpoint the user may have meant to keep, and OTHER was never written."""
+    from numpy_engine.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = (run / "checkpoint.npz").read_bytes()
+    resumed = ["train", "--resume", str(run), "--steps", "32", "--quiet", "--out"]
+    assert main([*resumed, str(tmp_path / "other")]) == 2
+    assert capsys.readouterr().err == (
+        f"numpy-engine train: error: --out {tmp_path / 'other'} conflicts with --resume {run}: "
+        "a resumed run saves into the directory it continues; to continue a copy of the run, "
+        f"copy {run} to {tmp_path / 'other'} and give --resume {tmp_path / 'other'}\n"
+    )
+    assert (run / "checkpoint.npz").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert main([*resumed, f"{run}/../run/"]) == 0  # the same directory, named another way
+    assert load_checkpoint(run).meta["step"] == 32
 
 
 def test_a_damaged_checkpoint_is_refused_by_name(trained, tmp_path):
