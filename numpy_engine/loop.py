@@ -148,6 +148,13 @@ def check_run_config(cfg, name: Callable[[str], str] = str) -> None:
     weight_decay = getattr(cfg, "weight_decay", 0.0)  # AdamW's runs only
     if not 0 <= weight_decay < math.inf:  # False for NaN too
         raise InputError(f"{name('weight_decay')} must be a finite number >= 0, got {weight_decay}")
+    if cfg.lr * weight_decay >= 1:  # the schedule's lr is at most cfg.lr
+        raise InputError(
+            f"{name('weight_decay')} {weight_decay:g} with {name('lr')} {cfg.lr:g}: each step "
+            f"multiplies the decayed weights by 1 - lr * weight_decay = "
+            f"{1 - cfg.lr * weight_decay:.4g}, which zeroes or flips them; give lr * "
+            "weight_decay below 1"
+        )
     decayed = getattr(cfg, "weight_decay_on", "all")  # AdamW's runs only
     if decayed not in WEIGHT_DECAY_ON:
         raise InputError(

@@ -377,3 +377,23 @@ def test_a_weight_decay_that_is_not_finite_and_non_negative_is_refused_by_name(w
     refused = rf"^weight_decay must be a finite number >= 0, got {weight_decay}$"
     with pytest.raises(ValueError, match=refused):
         loop.check_run_config(CharTrainConfig(steps=1, weight_decay=weight_decay))
+
+
+def test_a_weight_decay_that_would_zero_or_flip_the_weights_is_refused_by_name(capsys):
+    """--weight-decay 1e9 at lr 0.003 trained until the weights overflowed at step 3, and the
+    stop blamed the learning rate. lr * weight_decay just below 1 is taken."""
+    from numpy_engine.cli import main
+
+    loop.check_run_config(CharTrainConfig(steps=1, lr=0.5, weight_decay=1.999))
+    refused = (
+        r"^weight_decay 2 with lr 0.5: each step multiplies the decayed weights by 1 - lr \* "
+        r"weight_decay = 0, which zeroes or flips them; give lr \* weight_decay below 1$"
+    )
+    with pytest.raises(ValueError, match=refused):
+        loop.check_run_config(CharTrainConfig(steps=1, lr=0.5, weight_decay=2.0))
+    assert main(["train", "char-lm", "--weight-decay", "1e9", "--steps", "1", "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "numpy-engine train: error: --weight-decay 1e+09 with --lr 0.003: each step multiplies "
+        "the decayed weights by 1 - lr * weight_decay = -3e+06, which zeroes or flips them; "
+        "give lr * weight_decay below 1\n"
+    )
