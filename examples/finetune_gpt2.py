@@ -7,12 +7,13 @@ see the README for how to get the real gpt2), read as `numpy-engine import-hf` r
 here, offline, so the script always runs (about a second on one CPU core).
 """
 
-import sys
+import argparse
 import tempfile
 
 import numpy as np
 
 from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.checks import InputError
 from numpy_engine.dropout import training_rng
 from numpy_engine.evaluation import heldout_loss
 from numpy_engine.generate import generate
@@ -29,24 +30,31 @@ from numpy_engine.tasks import (
 )
 
 SEED, STEPS, BATCH_SIZE, CONTEXT, HOLDOUT = 7, 200, 8, 32, 0.1
-text = read_text(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_TEXT
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+parser.add_argument(
+    "gpt2_dir", nargs="?", metavar="GPT2_DIR", help="a Hugging Face GPT-2 directory"
+)
+parser.add_argument("text_file", nargs="?", metavar="TEXT_FILE", help="a UTF-8 text to train on")
+args = parser.parse_args()
+try:  # a missing, malformed or too short file: one line naming it, exit 2, as the command line
+    text = read_text(args.text_file) if args.text_file else DEFAULT_TEXT
+    if args.gpt2_dir:  # the real thing: weights and tokenizer from the directory
+        from numpy_engine.hf import import_hf
 
-if len(sys.argv) > 1:  # the real thing: weights and tokenizer from the directory
-    from numpy_engine.hf import import_hf
-
-    with tempfile.TemporaryDirectory() as run:
-        checkpoint = load_checkpoint(import_hf(sys.argv[1], run))
-    model, corpus = checkpoint.model, corpus_from_meta(checkpoint.meta, text)  # its tokenizer
-    lr = 1e-4
-else:  # offline: GPT-2's architecture and initialisation, a character vocabulary
-    corpus = CharCorpus(text)
-    model = GPT2(GPT2Config(vocab_size=corpus.vocab_size, max_len=CONTEXT), seed=SEED)
-    lr = 3e-3
-context = min(CONTEXT, model.config.max_len)  # a small model may see fewer positions
+        with tempfile.TemporaryDirectory() as run:
+            checkpoint = load_checkpoint(import_hf(args.gpt2_dir, run))
+        model, corpus = checkpoint.model, corpus_from_meta(checkpoint.meta, text)  # its tokenizer
+        lr = 1e-4
+    else:  # offline: GPT-2's architecture and initialisation, a character vocabulary
+        corpus = CharCorpus(text)
+        model = GPT2(GPT2Config(vocab_size=corpus.vocab_size, max_len=CONTEXT), seed=SEED)
+        lr = 3e-3
+    context = min(CONTEXT, model.config.max_len)  # a small model may see fewer positions
+    # the text's last tenth is held out: never trained on, every token of it a target once
+    train_ids, heldout_ids = split_off_heldout(corpus.ids, HOLDOUT, context)
+except InputError as error:
+    parser.error(str(error))
 print(f"GPT-2 with {model.num_parameters():,} parameters; {len(corpus.ids):,} tokens of text")
-
-# the text's last tenth is held out: never trained on, every token of it a target once
-train_ids, heldout_ids = split_off_heldout(corpus.ids, HOLDOUT, context)
 heldout = every_target_once(heldout_ids, context, model.ignore_index())
 print(f"held-out loss before: {heldout_loss(model, heldout, BATCH_SIZE):.4f}")
 

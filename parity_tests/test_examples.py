@@ -65,6 +65,24 @@ def test_gpt2_example_fine_tunes_offline_and_from_a_directory(tmp_path):
     assert float(after) < float(before), result.stdout
 
 
+def test_gpt2_example_explains_its_arguments_and_names_a_bad_one(tmp_path):
+    """--help was read as the directory's name, and a missing directory or a text too short
+    was a traceback."""
+    script = [sys.executable, str(EXAMPLES / "finetune_gpt2.py")]
+    shown = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "GPT2_DIR    a Hugging Face GPT-2 directory" in shown.stdout
+    (tmp_path / "short.txt").write_text("ab")
+    for args, said in [
+        ([str(tmp_path / "none")], f"{tmp_path / 'none'}: no such directory"),
+        (["", str(tmp_path / "short.txt")], "holdout=0.1 leaves the held-out part 0 of"),  # offline
+    ]:
+        refused = subprocess.run([*script, *args], capture_output=True, text=True, timeout=60)
+        last = refused.stderr.strip().splitlines()[-1]
+        assert refused.returncode == 2 and last.startswith(f"finetune_gpt2.py: error: {said}"), (
+            refused.stderr
+        )
+
+
 def own_layer_errors(out: str) -> list[dict[str, float]]:
     """your_own_layer.py's printed errors, one {name: error} per numbered part."""
     parts = re.split(r"^\d\. ", out, flags=re.M)[1:]
