@@ -104,6 +104,7 @@ SPOILED_HISTORIES = {  # what is wrong: (a change to a copy run's history, what 
         lambda h: _without(h, "eval", 0, "heldout_loss"),
         '"eval" is not a list of objects with a step and a heldout_loss',
     ),
+    "an eval that is an object": (lambda h: _with(h, {}, "eval"), '"eval" is not a list of'),
     "an eval without exact match": (
         lambda h: _without(h, "eval", -1, "exact_match"),
         '"eval" has an exact_match in its first entry and not in every one',

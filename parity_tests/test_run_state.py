@@ -82,3 +82,20 @@ def test_a_damaged_run_is_refused_by_resume_and_named_by_info(
     lines = {line[:10].strip(): line[11:] for line in capsys.readouterr().out.splitlines()}
     assert lines["run"].startswith(f"not readable here: {refusal}"), lines["run"]
     assert saved.read_bytes() == before and sorted(p.name for p in run.iterdir()) == [saved.name]
+
+
+def test_a_run_without_its_step_is_named_as_no_run(trained_copy, tmp_path, capsys):
+    """A meta with the run's task and settings and no step: --resume says what it lacks, and
+    info shows no run, as for an import (the checks read only the keys that are there)."""
+    checkpoint = load_checkpoint(trained_copy)
+    run = tmp_path / "run"
+    meta = {key: value for key, value in checkpoint.meta.items() if key != "step"}
+    save_checkpoint(run, checkpoint.model, checkpoint.optimizer_state, meta)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--steps", "30", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"numpy-engine train: error: checkpoint in {run} cannot be resumed: it holds no "
+        "training run's state (its meta lacks ['step'])"
+    )
+    assert main(["info", "--checkpoint", str(run)]) == 0
+    assert "run        none recorded (task copy)\n" in capsys.readouterr().out
