@@ -337,13 +337,14 @@ def test_bench_takes_threads_up_to_the_processs_cores(monkeypatch, capsys):
     asked = []
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     monkeypatch.setattr(bench, "main", lambda *args: asked.append(args[3]) or {})
-    assert bench_command(["bench", "--configs", "copy", "--threads", "4"]) == 0
-    assert asked == [4]
+    for threads in ("1", "4"):
+        assert bench_command(["bench", "--configs", "copy", "--threads", threads]) == 0
+    assert asked == [1, 4]
     with pytest.raises(SystemExit) as stop:  # argparse, before any step is timed
         bench_command(["bench", "--configs", "copy", "--threads", "5"])
     said = "argument --threads: must be an integer from 1 to the 4 cores this process may use"
     assert stop.value.code == 2 and f"{said}, got 5" in capsys.readouterr().err
-    assert asked == [4]
+    assert asked == [1, 4]
 
 
 def test_bench_data_parallel_writes_its_json_too(tmp_path, monkeypatch, capsys):
