@@ -51,7 +51,11 @@ RUN_FLAGS = {
         positive_int,
         "evaluate on the held-out split every N steps (char-lm, lm: with --holdout)",
     ),
-    "context": (positive_int, "char-lm, lm: tokens per training window"),
+    "context": (
+        positive_int,
+        "char-lm, lm: tokens per training window (with --init, by default no more than the "
+        "model's positions)",
+    ),
     "holdout": (
         fraction,
         "char-lm, lm: hold out this fraction of the text's tokens, at its end (e.g. 0.1): "
@@ -326,6 +330,13 @@ def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
     return checkpoint
 
 
+def _positions(init: str, otherwise: int) -> int:
+    """The positions of the model in the checkpoint init (its header alone is read)."""
+    from numpy_engine.checkpoint import read_contents
+
+    return getattr(read_contents(init).config, "max_len", otherwise)
+
+
 def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     from numpy_engine import train
     from numpy_engine.loop import check_run_config
@@ -334,6 +345,8 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
     reference = reference_run(args.task, new_model="init" not in given)
     for name in given.keys() - {f.name for f in dataclasses.fields(reference)}:
         raise InputError(f"{_flag(name)} does not apply to {args.task}")
+    if "init" in given and "context" not in given:  # lm's 64 against a char-lm run's 32, say
+        given["context"] = min(reference.context, _positions(given["init"], reference.context))
     if "eval_every" in given and hasattr(reference, "holdout") and "holdout" not in given:
         raise InputError(
             f"--eval-every needs --holdout FRACTION for {args.task}: a language model is "

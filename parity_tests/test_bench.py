@@ -337,8 +337,8 @@ def test_bench_takes_threads_up_to_the_processs_cores(monkeypatch, capsys):
     asked = []
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     monkeypatch.setattr(bench, "main", lambda *args: asked.append(args[3]) or {})
-    for threads in ("1", "4"):
-        assert bench_command(["bench", "--configs", "copy", "--threads", threads]) == 0
+    for count in ("1", "4"):
+        assert bench_command(["bench", "--configs", "copy", "--threads", count]) == 0
     assert asked == [1, 4]
     with pytest.raises(SystemExit) as stop:  # argparse, before any step is timed
         bench_command(["bench", "--configs", "copy", "--threads", "5"])

@@ -209,6 +209,24 @@ def test_lm_without_init_trains_a_small_gpt2_on_the_texts_characters(tmp_path, c
     assert (settings["lr"], settings["batch_size"], settings["context"]) == (1e-4, 4, 64)
 
 
+def test_lm_init_takes_no_more_context_than_the_models_positions(tmp_path, capsys):
+    """lm's default context is 64: from a char-lm run's model (32 positions) it was refused,
+    "context=64 is longer than the model's 32 positions". Now the default is 32 there; a
+    --context given is taken as given, or refused so."""
+    text, char, tuned = tmp_path / "abc.txt", tmp_path / "char", tmp_path / "tuned"
+    text.write_text("abcabc " * 40)
+    train = ["train", "--steps", "1", "--quiet", "--text", str(text)]
+    assert engine_main([*train, "char-lm", "--out", str(char)]) == 0
+    assert engine_main([*train, "lm", "--init", str(char), "--out", str(tuned)]) == 0
+    assert load_checkpoint(tuned).meta["train_config"]["context"] == 32
+    capsys.readouterr()
+    assert engine_main([*train, "lm", "--init", str(char), "--context", "33"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "error: context=33 is longer than the model's 32 positions (its max_len): give "
+        "--context 32 or less\n"
+    )
+
+
 def test_a_text_refused_is_named_as_the_user_gave_it(tmp_path, capsys):
     """The built-in line, when no --text is given, or --text: not "text", which the user of
     `train lm --init RUN` without --text never gave."""
