@@ -82,8 +82,8 @@ def _read_description(config_path: Path) -> dict:
         problem = 'no "kind" that names a model kind'
     elif not isinstance(description.get("config"), dict):
         problem = 'no "config" object'
-    elif not isinstance(description.setdefault("meta", {}), dict):
+    elif not isinstance(description.get("meta", {}), dict):
         problem = '"meta" is not a JSON object'
     else:
-        return description
+        return {"meta": {}} | description
     raise InputError(f"{config_path}: cannot read the model description ({problem})")
