@@ -1,7 +1,8 @@
 """A run on disk: save_run writes one (its checkpoint, history and result), and before
 train.resume continues one, its checkpoint is checked and read back: that it holds a run
-(RUN_STATE_KEYS), its saved config with the settings added since (saved_config), the steps
-it may be given, and its optimizer, sampler, step and history as saved."""
+(RUN_STATE_KEYS) whose state can be read (run_state_problem; history_problem serves `plot`
+too), its saved config with the settings added since (saved_config), the steps it may be
+given, and its optimizer, sampler, step and history as saved."""
 
 from __future__ import annotations
 
