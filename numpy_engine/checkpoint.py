@@ -114,8 +114,7 @@ def read_contents(path: str | Path) -> Contents:
     """A checkpoint's header and the shape and dtype of each array, read from the arrays'
     own .npy headers: no array is read (a 124M GPT-2's checkpoint is ~500 MB)."""
     with _opened(path) as (path, archive):
-        header = _read(path, lambda: {key: archive[key] for key in HEADER if key in archive})
-        model_class, config, meta = _from_header(path, header)
+        model_class, config, meta = _header_of(path, archive)
         shapes = _array_headers(path, archive.zip)
     pickled = [name for name, (_, dtype) in shapes.items() if dtype.hasobject]
     if pickled:  # never read here, but never to be read: load_checkpoint refuses them
@@ -125,6 +124,19 @@ def read_contents(path: str | Path) -> Contents:
     params = {key: shapes[f"param/{key}"] for key in _under("param/", list(shapes))}
     optimizer_arrays = len(_under("optim/", list(shapes)))
     return Contents(path, model_class, config, meta, params, optimizer_arrays)
+
+
+def read_header(path: str | Path) -> tuple:
+    """(the model's class, its config, the meta) of a checkpoint, from its header alone. Its
+    arrays are not looked at, so a pickled optimizer moment, which read_contents refuses and
+    train --init never reads, is not seen here either."""
+    with _opened(path) as (path, archive):
+        return _header_of(path, archive)
+
+
+def _header_of(path: Path, archive) -> tuple:
+    header = _read(path, lambda: {key: archive[key] for key in HEADER if key in archive})
+    return _from_header(path, header)
 
 
 def _array_headers(path: Path, archive: zipfile.ZipFile) -> dict[str, tuple[tuple, np.dtype]]:

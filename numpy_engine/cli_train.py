@@ -332,9 +332,10 @@ def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
 
 def _positions(init: str, otherwise: int) -> int:
     """The positions of the model in the checkpoint init (its header alone is read)."""
-    from numpy_engine.checkpoint import read_contents
+    from numpy_engine.checkpoint import read_header
 
-    return getattr(read_contents(init).config, "max_len", otherwise)
+    _, config, _ = read_header(init)
+    return getattr(config, "max_len", otherwise)
 
 
 def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
