@@ -173,13 +173,18 @@ def test_refuses_a_wrong_version_and_mismatched_params(saved):
 
 
 @pytest.mark.parametrize("meta", [[1], "copy", 3])
-def test_a_meta_that_is_not_an_object_is_refused_by_name(saved, meta):
-    """Read by its keys (info, generate, --resume): a list was an AttributeError in each."""
+def test_a_meta_that_is_not_an_object_is_refused_by_name(saved, meta, capsys):
+    """Read by its keys (info, generate, --resume): a list was an AttributeError in each.
+    train --init reads the header alone first (checkpoint.read_header): named there too."""
+    from numpy_engine.cli import main
+
     path = saved[0]
     rewrite(path, meta=np.array(json.dumps(meta)))
-    said = f"^checkpoint {re.escape(str(path))}: its meta is a JSON {type(meta).__name__}, not"
-    with pytest.raises(ValueError, match=said):
+    said = f"checkpoint {path}: its meta is a JSON {type(meta).__name__}, not an object"
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
         load_checkpoint(path)
+    assert main(["train", "lm", "--init", str(path.parent), "--steps", "1", "--quiet"]) == 2
+    assert capsys.readouterr().err == f"numpy-engine train: error: {said}\n"
 
 
 @pytest.mark.parametrize(
