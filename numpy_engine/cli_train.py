@@ -330,6 +330,21 @@ def _checkpoint_to_resume(args: argparse.Namespace, given: dict):
     return checkpoint
 
 
+def _instead_of_training_over(out: str) -> str:
+    """What to do with the checkpoint already in --out: resume the run it holds, or, where it
+    holds weights alone (an import, a run's best), train into another directory."""
+    from numpy_engine.checkpoint import read_header, resolve
+    from numpy_engine.saved_runs import RUN_STATE_KEYS
+
+    try:
+        _, _, meta = read_header(resolve(out))
+    except InputError:  # none there (nothing to refuse), or a damaged one
+        return "give another --out"
+    if RUN_STATE_KEYS <= meta.keys():
+        return f"continue it with --resume {out}, or give another --out"
+    return "it holds weights, not a run to resume: give another --out"
+
+
 def _positions(init: str, otherwise: int) -> int:
     """The positions of the model in the checkpoint init (its header alone is read)."""
     from numpy_engine.checkpoint import read_header
@@ -354,8 +369,7 @@ def _train_new(args: argparse.Namespace, given: dict, stream, parallel):
             "evaluated on a held-out part of its text, and holds none out unless asked"
         )
     if args.out:
-        hint = f"continue it with --resume {args.out}, or give another --out"
-        refuse_an_existing_checkpoint("--out", args.out, hint)
+        refuse_an_existing_checkpoint("--out", args.out, _instead_of_training_over(args.out))
     cfg = dataclasses.replace(reference, **given)
     check_run_config(cfg, name=_flag)  # what two flags get wrong together, named as flags
     checkpointing = None  # with --out: every --checkpoint-every steps, and when stopped

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from crosscheck.cli import build_parser as crosscheck_parser
-from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import build_parser as engine_parser
 from numpy_engine.cli import main as engine_main
 from numpy_engine.cli_train import print_result
@@ -370,6 +370,18 @@ def test_train_keeps_an_existing_run_and_refuses_a_file_as_out(untrained_copy, t
     assert f"checkpoint.npz already exists; continue it with --resume {untrained_copy}" in err
     assert "step" not in err  # no progress line: refused before training
     assert {path.name: path.read_bytes() for path in untrained_copy.iterdir()} == kept
+    weights, damaged = tmp_path / "weights", tmp_path / "damaged"
+    checkpoint = load_checkpoint(untrained_copy)
+    save_checkpoint(weights, checkpoint.model, None, {"task": "copy"})  # as import leaves one
+    damaged.mkdir()
+    (damaged / "checkpoint.npz").write_bytes(b"not a checkpoint")
+    for out, hint in [  # --resume of weights alone is refused: the hint no longer points there
+        (weights, "it holds weights, not a run to resume: give another --out"),
+        (damaged, "give another --out"),
+    ]:
+        assert engine_main(["train", "copy", "--steps", "1", "--out", str(out)]) == 2
+        said = f"error: --out {out}: {out / 'checkpoint.npz'} already exists; {hint}\n"
+        assert capsys.readouterr().err.endswith(said)
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
     assert engine_main(["train", "copy", "--steps", "1", "--out", str(a_file), "--quiet"]) == 2
