@@ -154,9 +154,10 @@ def config_from_hf(hf: dict, dtype: str) -> GPT2Config:
     missing = [name for name in REQUIRED if name not in hf]
     if missing:
         raise InputError(f"config.json has no {', '.join(missing)}")
-    for name in (*REQUIRED, "n_inner"):  # n_inner null or absent: 4 * n_embd
-        if name in REQUIRED or hf.get(name) is not None:
-            check_positive_int(f"config.json's {name}", hf[name])
+    for name in REQUIRED:
+        check_positive_int(f"config.json's {name}", hf[name])
+    if hf.get("n_inner") is not None:  # null or absent: 4 * n_embd
+        check_positive_int("config.json's n_inner", hf["n_inner"])
     eos = hf.get("eos_token_id")
     rates = {
         ours: check_rate(theirs, hf.get(theirs, HF_DEFAULT_DROPOUT))

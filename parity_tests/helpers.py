@@ -384,3 +384,13 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
     )
+
+
+def info_lines(capsys, path) -> dict[str, str]:
+    """`numpy-engine info --checkpoint PATH`'s lines, each text by its label ("run", ...)."""
+    from numpy_engine.cli import main
+
+    capsys.readouterr()
+    assert main(["info", "--checkpoint", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return {line[:10].strip(): line[11:] for line in lines}

@@ -11,19 +11,13 @@ import numpy as np
 from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.cli import main
 from numpy_engine.models import GPT2, GPT2Config, GPTConfig, MiniGPT
-
-
-def info(capsys, path) -> dict[str, str]:
-    capsys.readouterr()
-    assert main(["info", "--checkpoint", str(path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    return {line[:10].strip(): line[11:] for line in lines}
+from parity_tests.helpers import info_lines
 
 
 def test_a_training_runs_checkpoint(capsys, trained_copy):
     checkpoint = load_checkpoint(trained_copy)
     count = sum(p.size for p in checkpoint.model.params.values())
-    lines = info(capsys, trained_copy)
+    lines = info_lines(capsys, trained_copy)
     assert list(lines) == ["file", "model", "config", "text", "run", "optimizer"]
     megabytes = (trained_copy / "checkpoint.npz").stat().st_size / 1e6
     assert lines["file"] == f"{trained_copy / 'checkpoint.npz'} ({megabytes:.1f} MB)"
@@ -55,7 +49,7 @@ def test_a_language_model_with_its_schedule_and_start(tmp_path, capsys):
     args = ["train", "lm", "--text", str(text), "--steps", "3", "--schedule", "cosine"]
     kept = ["--holdout", "0.2", "--eval-every", "1", "--keep-best"]
     assert main([*args, "--warmup", "1", *kept, "--out", str(run), "--quiet"]) == 0
-    lines = info(capsys, run)
+    lines = info_lines(capsys, run)
     assert lines["model"].startswith("gpt2 (GPT2), float32, ")
     assert lines["text"] == "7 characters: ' benort'"
     assert lines["run"].startswith(
@@ -80,9 +74,9 @@ def test_a_language_model_with_its_schedule_and_start(tmp_path, capsys):
         )
         == 0
     )
-    assert info(capsys, tuned)["run"].startswith(f"lm from {run}, step 1 of 1; ")
+    assert info_lines(capsys, tuned)["run"].startswith(f"lm from {run}, step 1 of 1; ")
     best = load_checkpoint(run / "best").meta
-    assert info(capsys, run / "best")["run"] == (
+    assert info_lines(capsys, run / "best")["run"] == (
         f"none: a run's best weights, kept at step {best['step']} "
         f"(held-out loss {best['heldout_loss']:.4f})"
     )
@@ -94,7 +88,7 @@ def test_weights_without_a_run_and_a_long_vocabulary(tmp_path, capsys):
     model = GPT2(GPT2Config(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=8))
     meta = {"task": "import-hf", "source": "hf/gpt2", "tokenizer": "{}"}
     save_checkpoint(tmp_path / "imported", model, None, meta)
-    lines = info(capsys, tmp_path / "imported")
+    lines = info_lines(capsys, tmp_path / "imported")
     assert lines["text"] == "the Hugging Face tokenizer (tokenizer.json) it was imported with"
     assert lines["run"] == "none: imported from hf/gpt2"
     assert (
@@ -106,11 +100,11 @@ def test_weights_without_a_run_and_a_long_vocabulary(tmp_path, capsys):
     save_checkpoint(
         tmp_path / "chars.npz", small, {"exp_avg.x": np.zeros(3)}, {"vocabulary": chars}
     )
-    lines = info(capsys, tmp_path / "chars.npz")
+    lines = info_lines(capsys, tmp_path / "chars.npz")
     assert lines["text"] == f"90 characters: {chars[:80] + '...'!r}"
     assert lines["run"] == "none recorded"
     save_checkpoint(tmp_path / "80.npz", small, None, {"vocabulary": chars[:80]})
-    assert info(capsys, tmp_path / "80.npz")["text"] == f"80 characters: {chars[:80]!r}"
+    assert info_lines(capsys, tmp_path / "80.npz")["text"] == f"80 characters: {chars[:80]!r}"
     assert lines["optimizer"] == "state saved (1 arrays)"  # no run to resume, no checkpoint.npz
 
 
@@ -130,12 +124,12 @@ def test_an_imported_tokenizers_ids_counted_as_the_tokenizers_library_counts_the
         path = save_checkpoint(tmp_path / f"t{len(added)}.npz", model, None, meta)
         ids = tokenizer.get_vocab_size()
         words = f"the Hugging Face tokenizer (tokenizer.json, {ids:,} ids) it was imported with"
-        assert info(capsys, path)["text"] == words
+        assert info_lines(capsys, path)["text"] == words
     assert ids == len(json.loads(meta["tokenizer"])["model"]["vocab"]) + 1  # <pad>'s id
     unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0))
     meta["tokenizer"] = unigram.to_str()  # its vocabulary a list of (piece, score)
     path = save_checkpoint(tmp_path / "unigram.npz", model, None, meta)
-    assert info(capsys, path)["text"] == (
+    assert info_lines(capsys, path)["text"] == (
         f"the Hugging Face tokenizer (tokenizer.json, {unigram.get_vocab_size()} ids) it was "
         "imported with"
     )
@@ -145,7 +139,7 @@ def test_a_copy_model_imported_from_a_state_dict(tmp_path, capsys, trained_copy)
     """`import` of a .pt keeps the task alone: no run, no optimizer, no --init for a seq2seq."""
     model = load_checkpoint(trained_copy).model
     save_checkpoint(tmp_path / "from-torch", model, None, {"task": "copy"})
-    lines = info(capsys, tmp_path / "from-torch")
+    lines = info_lines(capsys, tmp_path / "from-torch")
     assert lines["text"] == "sequences of symbol ids (generate --source)"
     assert lines["run"] == "none recorded (task copy)"
     assert lines["optimizer"] == "none saved: the weights alone"
@@ -160,7 +154,7 @@ def test_info_reads_no_array_but_the_header(capsys, trained_copy, monkeypatch):
         return original(self, key)
 
     monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", recording)
-    info(capsys, trained_copy)
+    info_lines(capsys, trained_copy)
     assert sorted(read) == ["config", "format_version", "kind", "meta"]
 
 

@@ -13,6 +13,7 @@ from numpy_engine.checkpoint import load_checkpoint, save_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.cli import main
 from numpy_engine.train import resume
+from parity_tests.helpers import info_lines
 
 
 def _with_history(meta: dict, **changes) -> dict:
@@ -78,9 +79,8 @@ def test_a_damaged_run_is_refused_by_resume_and_named_by_info(
     with pytest.raises(InputError) as refused:
         resume(run, progress_stream=None, steps=30)
     assert str(refused.value).startswith(refusal), refused.value
-    assert main(["info", "--checkpoint", str(run)]) == 0
-    lines = {line[:10].strip(): line[11:] for line in capsys.readouterr().out.splitlines()}
-    assert lines["run"].startswith(f"not readable here: {refusal}"), lines["run"]
+    run_line = info_lines(capsys, run)["run"]
+    assert run_line.startswith(f"not readable here: {refusal}"), run_line
     assert saved.read_bytes() == before and sorted(p.name for p in run.iterdir()) == [saved.name]
 
 
@@ -97,5 +97,4 @@ def test_a_run_without_its_step_is_named_as_no_run(trained_copy, tmp_path, capsy
         f"numpy-engine train: error: checkpoint in {run} cannot be resumed: it holds no "
         "training run's state (its meta lacks ['step'])"
     )
-    assert main(["info", "--checkpoint", str(run)]) == 0
-    assert "run        none recorded (task copy)\n" in capsys.readouterr().out
+    assert info_lines(capsys, run)["run"] == "none recorded (task copy)"
