@@ -183,13 +183,23 @@ def test_a_run_reports_the_seconds_it_took_and_its_steps_per_second(first_step):
     assert stream.getvalue().splitlines()[-1].startswith("step    30/30  loss")
     # seconds is rounded to the millisecond, so up to half of one past the time it took
     assert result["resumed_from_step"] == first_step and 0 < result["seconds"] <= elapsed + 5e-4
-    # printed in the result: to the millisecond, and to a tenth of a step a second
+    # printed in the result: to the millisecond, and to four significant digits
     s, speed = result["seconds"], result["steps_per_second"]
-    assert s == round(s, 3) and speed == round(speed, 1)
-    # both rounded: the speed to 0.1 step/s, and seconds to 1 ms, which moves steps / seconds
-    # by at most steps * 0.0005 / (s (s - 0.0005)): under twice exact * 0.0005 / s
+    assert s == round(s, 3) and speed == float(f"{speed:.4g}")
+    # both rounded: the speed by at most half a unit of its fourth digit (5e-4 of it), and
+    # seconds to 1 ms, which moves steps / seconds by at most steps * 0.0005 / (s (s - 0.0005)):
+    # under twice exact * 0.0005 / s
     exact = (30 - first_step) / s
-    assert abs(speed - exact) <= 0.05 + 2 * exact * 0.0005 / s
+    assert abs(speed - exact) <= 5e-4 * speed + 2 * exact * 0.0005 / s
+
+
+@pytest.mark.parametrize(
+    "steps, seconds, shown",
+    [(2, 92.216, 0.02169), (100, 241.7, 0.4137), (800, 1.7043, 469.4), (800, 0.5, 1600.0)],
+)
+def test_the_steps_per_second_keep_four_digits_however_slow_the_steps(steps, seconds, shown):
+    # a tenth of a step a second, as the result read before, showed 2 steps in 92 s as 0.0
+    assert loop.steps_per_second(steps, seconds) == shown
 
 
 def test_run_loop_takes_the_steps_a_hand_written_loop_takes():
