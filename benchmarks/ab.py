@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         "--configs",
         nargs="+",
         default=["copy", "char-lm"],
-        help="workloads of benchmarks/workloads.py: copy, char-lm, large; or gpt2, the 124M "
+        help="workloads of benchmarks/workloads.py: copy, char-lm, large, long; or gpt2, the 124M "
         "model of benchmarks/gpt2.py (two models in memory, ~5 GB) (default: copy char-lm)",
     )
     parser.add_argument(

@@ -109,15 +109,15 @@ def add_bench_command(commands) -> None:
         "batches, alternating, and print ms per step, the ratio, GFLOP/s against this machine's "
         "matmul peak, each engine's peak memory, and the engine's NumPy calls per step, under a "
         "line naming the processor and each library's BLAS (the ratios depend on both). Configs: "
-        "copy, char-lm, large; and gpt2, the 124M model against Hugging Face transformers "
-        "(training step, memory, generation).",
+        "copy, char-lm, large, long (char-lm's model over 1024 positions); and gpt2, the 124M "
+        "model against Hugging Face transformers (training step, memory, generation).",
     )
     bench.add_argument(
         "--configs",
         nargs="+",
-        choices=["copy", "char-lm", "large", "gpt2"],
-        default=["copy", "char-lm", "large"],
-        help="the workloads to time (default: copy char-lm large; gpt2, the 124M model "
+        choices=["copy", "char-lm", "large", "long", "gpt2"],
+        default=["copy", "char-lm", "large", "long"],
+        help="the workloads to time (default: copy char-lm large long; gpt2, the 124M model "
         "against transformers, takes about three minutes more)",
     )
     bench.add_argument(
