@@ -28,7 +28,7 @@ from numpy_engine.layers import (
     stacked,
     unstacked,
 )
-from numpy_engine.masks import hidden_scores
+from numpy_engine.masks import hidden_scores, is_shared_causal
 from numpy_engine.reductions import dot_last, mean_second_last, sum_last
 
 # --------------------------------------------------------- scaled dot-product attention
@@ -97,6 +97,12 @@ class AttentionCache(NamedTuple):
     v: np.ndarray  # (B, H, Tk, hs)
     weights: np.ndarray  # (B, H, Tq, Tk), rows sum to 1, hidden entries exactly 0
     drop: np.ndarray | None = None  # the weights' dropout mask (B, H, Tq, Tk); None: none
+    query_blocks: tuple | None = None  # causal_query_blocks: the forward's, for the backward
+
+    def arrays(self, rows: slice) -> tuple:
+        """(q, k, v, weights, drop) of a group of batch rows; a drop of None stays None."""
+        arrays = (self.q, self.k, self.v, self.weights, self.drop)
+        return tuple(None if x is None else x[rows] for x in arrays)
 
 
 GROUP_BYTES = 1 << 20  # one group's scores, (rows, H, Tq, Tk): they stay in L2 (1 MiB here)
@@ -124,13 +130,16 @@ def attention_forward(
     """y = softmax(q k^T / sqrt(hs), hidden keys at -inf) v, (B, H, Tq, hs), written into out
     if given (e.g. split_heads of the (B, Tq, C) array the heads are merged into: the product
     writes the merged layout itself, no copy after). Past WHOLE_BYTES of scores, a group of
-    batch rows at a time (batch_groups); the weights are kept whole, for the backward and
-    the study commands. drop: a dropout mask (B, H, Tq, Tk) on the weights (dropout.py):
-    y = (weights * drop) v; the cache keeps the weights before it, and the mask."""
+    batch rows at a time (batch_groups); causal self-attention over more than two blocks of
+    queries, a block at a time (causal_query_blocks). The weights are kept whole, for the
+    backward and the study commands. drop: a dropout mask (B, H, Tq, Tk) on the weights
+    (dropout.py): y = (weights * drop) v; the cache keeps the weights before it, and the
+    mask."""
     shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Tq, Tk)
     hidden = hidden_scores(visible, q, k)
     groups = batch_groups(shape, q.itemsize)
-    if len(groups) == 1:
+    blocks = causal_query_blocks(visible, shape)
+    if len(groups) == 1 and blocks is None:
         weights = _weights(q, k, hidden)
         y = np.matmul(dropped_copy(weights, drop), v, out=out)
         return y, AttentionCache(q, k, v, weights, drop)
@@ -139,11 +148,14 @@ def attention_forward(
         out = np.empty((*shape[:-1], v.shape[-1]), np.result_type(weights, v))
     per_row = hidden is not None and hidden.ndim == 4 and len(hidden) > 1  # a (B, ...) mask
     for g in groups:
+        group_drop = None if drop is None else drop[g]
+        if blocks is not None:  # hidden is the causal mask's limit, shared by every row
+            _causal_forward(q[g], k[g], v[g], hidden, blocks, weights[g], out[g], group_drop)
+            continue
         group_hidden = hidden[g] if per_row else hidden
         _weights(q[g], k[g], group_hidden, out=weights[g])
-        group_drop = None if drop is None else drop[g]
         np.matmul(dropped_copy(weights[g], group_drop), v[g], out=out[g])
-    return out, AttentionCache(q, k, v, weights, drop)
+    return out, AttentionCache(q, k, v, weights, drop, blocks)
 
 
 def score_scale(x: np.ndarray) -> float:
@@ -187,13 +199,17 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None 
     arrays if given (e.g. split_heads views of the merged array a projection's backward
     reads); by the forward's batch groups."""
     groups = batch_groups(cache.weights.shape, cache.weights.itemsize)
-    if len(groups) == 1:
-        return _group_backward(dy, *cache, out=out)
+    blocks = cache.query_blocks
+    if len(groups) == 1 and blocks is None:
+        return _group_backward(dy, cache.q, cache.k, cache.v, cache.weights, cache.drop, out=out)
     if out is None:
         out = tuple(np.empty(x.shape, np.result_type(dy, x)) for x in cache[:3])
     for g in groups:
-        group = (None if x is None else x[g] for x in cache)  # a mask of None stays None
-        _group_backward(dy[g], *group, out=tuple(d[g] for d in out))
+        group_out = tuple(d[g] for d in out)
+        if blocks is not None:
+            _causal_backward(dy[g], *cache.arrays(g), blocks, group_out)
+        else:
+            _group_backward(dy[g], *cache.arrays(g), out=group_out)
     return out
 
 
@@ -212,6 +228,65 @@ def _group_backward(dy, q, k, v, weights, drop=None, out: tuple | None = None) -
     dq = np.matmul(s_dscores, centered_keys(k), out=dq)  # (n, H, Tq, hs)
     dk = np.matmul(s_dscores.swapaxes(-1, -2), q, out=dk)  # (n, H, Tk, hs)
     return dq, dk, dv
+
+
+# Causal self-attention's queries per block past two blocks' positions (causal_query_blocks).
+# Training steps, one thread, float32, blocks against none (Zen 4): benchmarks.ab's long
+# (char-lm's model over 1024 positions, batch 2) 0.514; alternating in one process, the
+# same model over 256 positions at batch 8 0.891, GPT-2 (124M) over 1024 at batch 1 0.920;
+# at 1024 positions blocks of 32 0.568 and of 128 0.572 against 64's 0.538
+QUERY_BLOCK = 64
+
+
+def causal_query_blocks(visible: np.ndarray | None, shape: tuple) -> tuple | None:
+    """Slices of QUERY_BLOCK queries, for the shared causal mask over more than two blocks'
+    positions; else None. The queries of block [a, b) see keys 0..b-1 alone, so the scores
+    right of them, all hidden, are never computed: of n blocks' (T, T) scores, (n + 1) / 2n
+    are, and their softmax and its backward with them."""
+    Tq, Tk = shape[-2:]
+    if Tq != Tk or Tq <= 2 * QUERY_BLOCK or not is_shared_causal(visible):
+        return None
+    return tuple(slice(a, min(a + QUERY_BLOCK, Tq)) for a in range(0, Tq, QUERY_BLOCK))
+
+
+def _causal_forward(q, k, v, limit, blocks, weights, y, drop) -> None:
+    """_weights and weights @ v for a group of batch rows, block by block of queries
+    (causal_query_blocks), into weights and y: limit is masks.causal_limit's (T * T,)."""
+    T = q.shape[-2]
+    limit = limit.reshape(T, T)  # -inf hidden, +inf visible
+    k_t = scaled_transpose(k)  # (n, H, hs, T)
+    for rows in blocks:
+        a, b = rows.start, rows.stop
+        scores = q[:, :, rows] @ k_t[..., :b]  # (n, H, b - a, b): the keys these queries see
+        diagonal = scores[..., a:]  # (n, H, b - a, b - a): every key left of it is visible
+        np.fmin(diagonal, limit[rows, a:b], out=diagonal)
+        block_weights = softmax_last(scores, out=weights[:, :, rows, :b])
+        weights[:, :, rows, b:] = 0.0  # hidden
+        block_drop = None if drop is None else drop[:, :, rows, :b]
+        np.matmul(dropped_copy(block_weights, block_drop), v[:, :, :b], out=y[:, :, rows])
+
+
+def _causal_backward(dy, q, k, v, weights, drop, blocks, out: tuple) -> None:
+    """_group_backward block by block of queries (causal_query_blocks), into out's (dq, dk,
+    dv). The last block's queries see every key: its products write dk and dv, and each
+    block before it adds its share to the rows of the keys it sees."""
+    dq, dk, dv = out
+    T = q.shape[-2]
+    v_t, keys = scaled_transpose(v), centered_keys(k)  # as _group_backward's, once
+    for rows in reversed(blocks):
+        b = rows.stop
+        block_weights, block_dy = weights[:, :, rows, :b], dy[:, :, rows]  # (n, H, b - a, .)
+        block_drop = None if drop is None else drop[:, :, rows, :b]
+        s_dweights = dropped(block_dy @ v_t[..., :b], block_drop)  # (n, H, b - a, b)
+        dropped_t = dropped_copy(block_weights, block_drop).swapaxes(-1, -2)
+        s_dscores = softmax_backward(s_dweights, block_weights)
+        np.matmul(s_dscores, keys[:, :, :b], out=dq[:, :, rows])
+        if b == T:  # the last block: every key's first share
+            np.matmul(dropped_t, block_dy, out=dv)  # (n, H, T, hs)
+            np.matmul(s_dscores.swapaxes(-1, -2), q[:, :, rows], out=dk)
+        else:
+            dv[:, :, :b] += dropped_t @ block_dy
+            dk[:, :, :b] += s_dscores.swapaxes(-1, -2) @ q[:, :, rows]
 
 
 def centered_keys(k: np.ndarray) -> np.ndarray:

@@ -50,7 +50,7 @@ def hidden_scores(visible: np.ndarray | None, q: np.ndarray, k: np.ndarray) -> n
     row that sees no key is refused here."""
     if visible is None:
         return None
-    if _is_shared_causal(visible):
+    if is_shared_causal(visible):
         return causal_limit(visible.shape[-1], np.result_type(q, k))
     check_every_row_sees_a_key(visible, (*q.shape[:-1], k.shape[-2]))
     hidden = ~visible.reshape((1,) * (4 - visible.ndim) + visible.shape)  # 4-D
@@ -59,9 +59,11 @@ def hidden_scores(visible: np.ndarray | None, q: np.ndarray, k: np.ndarray) -> n
     return hidden
 
 
-def _is_shared_causal(visible: np.ndarray) -> bool:
+def is_shared_causal(visible: np.ndarray | None) -> bool:
     """visible is causal_visible(T)'s cached object itself. The shape is checked first, so a
     padding or cross-attention mask never builds a causal mask of its length to compare."""
+    if visible is None:
+        return False
     T = visible.shape[-1]
     return visible.shape == (1, 1, T, T) and visible is causal_visible(T)
 

@@ -16,7 +16,7 @@ from torch.func import functional_call
 import torch_reference.modules as TM
 from numpy_engine import activations as Act
 from numpy_engine import attention as A
-from numpy_engine import blocks, losses
+from numpy_engine import blocks, losses, masks
 from numpy_engine import layers as L
 from numpy_engine import params as P
 from parity_tests.helpers import LayerCase, params_of, random_visible, region_of
@@ -203,9 +203,13 @@ def confident_cross_entropy(rng, B, T, V, ignore_index) -> LayerCase:
 
 def attention(rng, B, H, Tq, Tk, hs, kind, offset=0.0) -> LayerCase:
     """Scaled dot-product attention of q, k, v (B, H, T, hs) under a mask of that kind; with an
-    offset, every score of a row is shifted by it (near +100 exp would overflow)."""
-    Tk = Tq if kind == "causal" else Tk
-    visible = random_visible(rng, (B, H, Tq, Tk), kind)
+    offset, every score of a row is shifted by it (near +100 exp would overflow). "shared
+    causal": masks.causal_visible's own mask, as the decoder-only models give it."""
+    Tk = Tq if kind in ("causal", "shared causal") else Tk
+    if kind == "shared causal":
+        visible = masks.causal_visible(Tq)
+    else:
+        visible = random_visible(rng, (B, H, Tq, Tk), kind)
     inputs = {"q": normal(rng, B, H, Tq, hs), "k": normal(rng, B, H, Tk, hs)}
     inputs["v"] = normal(rng, B, H, Tk, hs)
     if offset:

@@ -15,7 +15,8 @@ import pytest
 from numpy_engine import blocks, masks
 from numpy_engine import layers as L
 from numpy_engine.faster import FasterOfTwo
-from parity_tests.helpers import random_visible
+from parity_tests import layer_cases as cases
+from parity_tests.helpers import check_layer, random_visible
 
 
 def test_few_rows_are_timed_against_the_product_linear_forward_takes_otherwise():
@@ -152,6 +153,59 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(
     assert np.array_equal(cache.weights, one_cache.weights)
     for grouped, whole in zip(A.attention_backward(dy, cache), one_grads, strict=True):
         assert np.array_equal(grouped, whole) and grouped.dtype == np.float32  # no upcast
+
+
+@pytest.mark.parametrize("T, block", [(7, 2), (7, 3), (9, 1)])
+def test_causal_attention_by_query_blocks_holds_to_torch_and_finite_differences(
+    monkeypatch, T, block
+):
+    """Causal self-attention past two attention.QUERY_BLOCKs' positions runs a block of
+    queries at a time, each against the keys it sees (causal_query_blocks): forced here onto
+    small blocks (the last one short where T is no multiple of them) and held to both
+    witnesses as test_layers.py holds the whole, float32's bound too; every hidden weight is
+    exactly 0, as the whole path leaves it."""
+    from numpy_engine import attention as A
+
+    monkeypatch.setattr(A, "QUERY_BLOCK", block)
+    rng = np.random.default_rng(T * block)
+    case = cases.attention(rng, 2, 3, T, T, 4, "shared causal")
+    _, cache = case.forward(case.inputs)
+    assert cache.query_blocks == tuple(slice(a, min(a + block, T)) for a in range(0, T, block))
+    assert not np.triu(cache.weights, 1).any()
+    check_layer(case, rng)
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["", "dropout"])
+@pytest.mark.parametrize("offset", [0.0, 100.0])
+@pytest.mark.parametrize("rows", [None, 1], ids=["one group", "groups of a row"])
+def test_attention_by_query_blocks_equals_the_whole_scores(monkeypatch, rows, offset, dropped):
+    """Blocks of 2 queries (7 positions: the last block one) against the whole (T, T)
+    scores, float64: in one group and in groups of a batch row, with a dropout mask on the
+    weights (each block reads its rows of it), and at offset 100, where every softmax takes
+    the textbook path. The same values to rounding; the hidden weights exactly 0."""
+    from numpy_engine import attention as A
+    from numpy_engine.dropout import Dropout
+
+    rng = np.random.default_rng(1)
+    B, H, T, hs = 3, 2, 7, 4
+    q, k, v, dy = (rng.standard_normal((B, H, T, hs)) for _ in range(4))
+    if offset:
+        q[..., 0], k[..., 0] = offset * np.sqrt(hs), 1.0  # scores = offset + N(0, 3/4)
+    drop = Dropout(rng, attn=0.4).mask("attn", (B, H, T, T), np.float64) if dropped else None
+    visible = masks.causal_visible(T)
+    whole_y, whole_cache = A.attention_forward(q, k, v, visible, drop=drop)
+    whole_grads = A.attention_backward(dy, whole_cache)
+    assert whole_cache.query_blocks is None  # 7 positions are not past two blocks of 64
+    monkeypatch.setattr(A, "QUERY_BLOCK", 2)
+    if rows is not None:
+        monkeypatch.setattr(A, "WHOLE_BYTES", 0)
+        monkeypatch.setattr(A, "GROUP_BYTES", rows * H * T * T * 8)
+    y, cache = A.attention_forward(q, k, v, visible, drop=drop)
+    assert len(cache.query_blocks) == 4 and not np.triu(cache.weights, 1).any()
+    pairs = [(y, whole_y), (cache.weights, whole_cache.weights)]
+    pairs += zip(A.attention_backward(dy, cache), whole_grads, strict=True)
+    for blocked, whole in pairs:
+        np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-14 * np.abs(whole).max())
 
 
 def test_a_mask_of_fewer_axes_broadcasts_as_numpy_does():

@@ -54,11 +54,13 @@ def laid_out(layout, a):
 
 
 def in_smallest_pieces(monkeypatch) -> None:
-    """Every chain of row blocks one row a block, attention one batch row a group, the
-    optimizer one entry a block: the paths that cut arrays into pieces, at any size."""
+    """Every chain of row blocks one row a block, attention one batch row a group and causal
+    attention one query a block, the optimizer one entry a block: the paths that cut arrays
+    into pieces, at any size."""
     monkeypatch.setattr(blocking, "BLOCK_BYTES", 1)
     monkeypatch.setattr(A, "WHOLE_BYTES", 0)
     monkeypatch.setattr(A, "GROUP_BYTES", 1)
+    monkeypatch.setattr(A, "QUERY_BLOCK", 1)
     monkeypatch.setattr(losses, "FUSED_BLOCK_BYTES", 1)
     monkeypatch.setattr(clipping, "BLOCK_BYTES", 8)
 

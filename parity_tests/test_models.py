@@ -128,6 +128,27 @@ def test_default_models_at_their_own_init_match_torch():
     check_model("default MiniGPT", gpt, (idx, targets), rng)
 
 
+def test_gpt_past_two_query_blocks_matches_torch():
+    """140 positions, past two attention.QUERY_BLOCKs of 64: each causal attention runs by
+    blocks of queries at the size it takes in training (test_layer_paths.py forces small
+    ones), against the twin's, whose softmax sees every key a query. Padding targets too."""
+    from numpy_engine.attention import QUERY_BLOCK
+
+    T = 140
+    assert T > 2 * QUERY_BLOCK
+    config = ne.GPTConfig(
+        vocab_size=7, d_model=6, n_heads=2, d_ff=5, n_layers=2, max_len=T, dtype="float64"
+    )
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, 7, size=(2, T))
+    targets = np.roll(idx, -1, axis=1)
+    targets[1, -40:] = -100
+    model, rng = randomized_model(GPTCase(config, idx=idx, targets=targets, seed=3))
+    _, cache = model.forward(idx)
+    assert all(block.attn.attention.query_blocks for block in cache.blocks)
+    check_model("MiniGPT by query blocks", model, (idx, targets), rng)
+
+
 @pytest.mark.parametrize("kind", [ne.MiniGPT, ne.Seq2SeqTransformer])
 def test_with_dtype_is_the_same_model_cast_and_the_default_seed_is_0(kind):
     model = kind(kind.config_class(), seed=5)
