@@ -18,7 +18,7 @@ ENGINE_PARTS = {  # part: functions timed, by module
         "layers": ["linear_forward", "linear_backward", "_folded_forward", "_folded_backward"]
     },
     "attention": {"attention": ["attention_forward", "attention_backward"]},
-    "heads": {"attention": ["split_heads", "heads_buffer", "stacked", "unstacked"]},
+    "heads": {"multihead": ["split_heads", "heads_buffer", "stacked", "unstacked"]},
     "layernorm": {
         "layers": [
             "layernorm_forward",
@@ -74,12 +74,13 @@ def _instrument(timer: PartTimer) -> list:
     each back."""
     import numpy_engine.models.base as base
     import numpy_engine.optim as optim
-    from numpy_engine import activations, attention, layers, losses
+    from numpy_engine import activations, attention, layers, losses, multihead
 
     sources = {
         "layers": layers,
         "activations": activations,
         "attention": attention,
+        "multihead": multihead,
         "losses": losses,
     }
     originals = {}

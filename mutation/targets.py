@@ -27,6 +27,9 @@ BACKWARD_CODE = {
         "softmax_backward",
         "attention_backward",
         "_group_backward",
+        "_causal_backward",
+    ),
+    "numpy_engine/multihead.py": (
         "self_attention_backward",
         "cross_attention_backward",
     ),
@@ -107,6 +110,7 @@ FORWARD_CODE = {
         "causal_visible",
         "check_every_row_sees_a_key",
         "hidden_scores",
+        "is_shared_causal",
         "hidden_limit",
     ),
     "numpy_engine/attention.py": (
@@ -115,6 +119,10 @@ FORWARD_CODE = {
         "attention_forward",
         "scaled_transpose",
         "_weights",
+        "causal_query_blocks",
+        "_causal_forward",
+    ),
+    "numpy_engine/multihead.py": (
         "split_heads",
         "heads_buffer",
         "_qkv",

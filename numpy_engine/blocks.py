@@ -11,12 +11,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpy_engine.attention import (
-    cross_attention_backward,
-    cross_attention_forward,
-    self_attention_backward,
-    self_attention_forward,
-)
 from numpy_engine.checks import InputError
 from numpy_engine.dropout import Dropout, dropped, dropped_copy, site_mask
 from numpy_engine.keys import sub
@@ -29,6 +23,12 @@ from numpy_engine.layers import (
     layernorm_forward,
     normalize_backward,
     normalize_forward,
+)
+from numpy_engine.multihead import (
+    cross_attention_backward,
+    cross_attention_forward,
+    self_attention_backward,
+    self_attention_forward,
 )
 
 # Fold when x has at least 4x as many rows as the projection has outputs, and 16K entries.
@@ -174,7 +174,7 @@ def decoder_block_forward(
 
     h1 = y + self_attn(ln1(y)); h2 = h1 + cross_attn(ln2(h1), memory); out = h2 + ffn(ln3(h2)).
     For incremental decoding, past holds the self-attention's earlier keys and values and
-    memory_kv the cross-attention's over memory (see attention.py); for_backward and
+    memory_kv the cross-attention's over memory (see multihead.py); for_backward and
     dropout (on both attentions' weights and each sublayer's output) as in
     self_attention_block_forward.
     """

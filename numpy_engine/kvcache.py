@@ -1,5 +1,5 @@
 """The keys and values a decoder keeps between its steps (the KV cache): each step's
-attention reads the positions so far and adds its own (attention.self_attention_forward's
+attention reads the positions so far and adds its own (multihead.self_attention_forward's
 `past`), so that a token costs one position's work instead of the whole prefix's.
 """
 

@@ -18,6 +18,7 @@ from numpy_engine import activations as Act
 from numpy_engine import attention as A
 from numpy_engine import blocks, losses, masks
 from numpy_engine import layers as L
+from numpy_engine import multihead as MH
 from numpy_engine import params as P
 from parity_tests.helpers import LayerCase, params_of, random_visible, region_of
 
@@ -235,8 +236,8 @@ def self_attention(rng, B, H, T, hs, causal) -> LayerCase:
     return LayerCase(
         "causal self-attention" if causal else "self-attention",
         {"x": normal(rng, B, T, H * hs), **randomized(P.attention_params(np.zeros, H * hs), rng)},
-        lambda i: A.self_attention_forward(i["x"], params_of(i, "x"), H, visible),
-        gradients(A.self_attention_backward, "x"),
+        lambda i: MH.self_attention_forward(i["x"], params_of(i, "x"), H, visible),
+        gradients(MH.self_attention_backward, "x"),
         torch_forward,
     )
 
@@ -246,7 +247,7 @@ def cross_attention(rng, B, H, T, S, hs) -> LayerCase:
     C = H * hs
 
     def forward(i):
-        return A.cross_attention_forward(
+        return MH.cross_attention_forward(
             i["x"], i["memory"], params_of(i, "x", "memory"), H, visible
         )
 
@@ -263,7 +264,7 @@ def cross_attention(rng, B, H, T, S, hs) -> LayerCase:
         "cross-attention",
         inputs,
         forward,
-        gradients(A.cross_attention_backward, "x", "memory"),
+        gradients(MH.cross_attention_backward, "x", "memory"),
         torch_forward,
     )
 

@@ -21,6 +21,7 @@ from numpy_engine import activations as Act
 from numpy_engine import attention as A
 from numpy_engine import layers as L
 from numpy_engine import losses, masks
+from numpy_engine import multihead as MH
 from numpy_engine.checks import InputError, InputTypeError, check_finite
 from numpy_engine.generate import generate, greedy_decode
 from parity_tests.helpers import record_count
@@ -211,14 +212,14 @@ def test_no_backward_through_attention_that_read_cached_keys_and_values():
     rng = np.random.default_rng(0)
     p = attention_params(lambda shape: rng.standard_normal(shape), 8)
     x, memory = rng.standard_normal((2, 1, 8)), rng.standard_normal((2, 3, 8))
-    _, earlier = A.self_attention_forward(rng.standard_normal((2, 2, 8)), p, 2, None)
-    _, cache = A.self_attention_forward(x, p, 2, None, past=A.keys_values(earlier))
+    _, earlier = MH.self_attention_forward(rng.standard_normal((2, 2, 8)), p, 2, None)
+    _, cache = MH.self_attention_forward(x, p, 2, None, past=MH.keys_values(earlier))
     with pytest.raises(InputError, match="read past keys and values"):
-        A.self_attention_backward(np.ones((2, 1, 8)), cache)
-    memory_kv, _ = A.memory_keys_values(memory, p, 2)
-    _, cache = A.cross_attention_forward(x, memory, p, 2, None, memory_kv)
+        MH.self_attention_backward(np.ones((2, 1, 8)), cache)
+    memory_kv, _ = MH.memory_keys_values(memory, p, 2)
+    _, cache = MH.cross_attention_forward(x, memory, p, 2, None, memory_kv)
     with pytest.raises(InputError, match="was given memory_kv"):
-        A.cross_attention_backward(np.ones((2, 1, 8)), cache)
+        MH.cross_attention_backward(np.ones((2, 1, 8)), cache)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.int64])

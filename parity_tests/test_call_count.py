@@ -68,7 +68,7 @@ def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments()
     the engine's modules see NumPy itself, and a cached vector made during the step is
     plain (a cache keeps it for the steps after)."""
     from benchmarks.call_count import Counted, _holds_arrays, _views, calls_per_step
-    from numpy_engine import attention, reductions
+    from numpy_engine import multihead, reductions
     from numpy_engine.kvcache import KeysValues
 
     model, optimizer, batches = workloads.build(workloads.WORKLOADS["copy"], 2)
@@ -77,7 +77,7 @@ def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments()
 
     def made(model, optimizer, batch):
         reductions._filled.cache_clear()  # made again inside the step, for the cache
-        merged = attention.heads_buffer((2, 3), 8, 2, 3, np.float32)[0]  # np.empty's
+        merged = multihead.heads_buffer((2, 3), 8, 2, 3, np.float32)[0]  # np.empty's
         merged.fill(1.0)  # not a counted call; a sum of empty memory could overflow
         reductions.sum_last(merged)
 
@@ -95,7 +95,7 @@ def test_a_counted_step_counts_the_calls_on_arrays_it_makes_and_on_the_moments()
     assert np.shares_memory(optimizer.flat_state["exp_avg_sq"], second)
     assert type(optimizer.scratch) is np.ndarray and type(optimizer.gathered) is np.ndarray
     assert all(type(v) is np.ndarray for s in optimizer.state.values() for v in s.values())
-    assert attention.np is np and reductions.np is np
+    assert multihead.np is np and reductions.np is np
     assert type(reductions._filled(24, np.dtype(np.float32))) is np.ndarray  # the cached one
     assert not isinstance(model.flat, Counted)
     # an optimizer's arrays in nested dicts, lists and named tuples are found and viewed too

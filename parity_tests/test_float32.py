@@ -65,7 +65,7 @@ def test_model_float32_no_worse_than_torch(model_kind):
 # 102497 (2.22 of the bound on q_proj's weight, torch's float32 0.40; now 0.04), dq = ds k
 # cancelled what the keys share, 30x their spread (attention.centered_keys); 102694 (1.21 on
 # k_proj's weight, torch's 0.78; now 0.05), dW_k = dk^T x cancelled what the key projection's
-# inputs share, a layernorm's shift (attention.key_part, layers._zero_sum_grads).
+# inputs share, a layernorm's shift (multihead.key_part, layers._zero_sum_grads).
 PINNED_DRAWS = [
     ("decoder block", 1057),
     ("cross-attention", 1986),

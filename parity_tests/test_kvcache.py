@@ -115,7 +115,7 @@ def test_the_cache_really_skips_recomputation():
 
 
 def test_a_key_value_buffer_is_the_concatenation_and_refuses_to_overflow():
-    from numpy_engine.attention import KeysValues, KeyValueBuffer
+    from numpy_engine.kvcache import KeysValues, KeyValueBuffer
 
     rng = np.random.default_rng(0)
     start = KeysValues(*rng.standard_normal((2, 2, 3, 2, 4)))  # (B, H, L, hs) = (2, 3, 2, 4)
@@ -136,8 +136,8 @@ def test_no_backward_through_past_keys_and_values():
     """past (and cross-attention's memory_kv) serve decoding: a backward through them would
     have no input to return the past's gradient to, so it is refused. A past of no positions
     is no past: the same output, and a backward that gives the same gradients."""
-    from numpy_engine.attention import (
-        KeysValues,
+    from numpy_engine.kvcache import KeysValues
+    from numpy_engine.multihead import (
         cross_attention_backward,
         cross_attention_forward,
         keys_values,

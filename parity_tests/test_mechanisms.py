@@ -318,7 +318,7 @@ def test_zero_sum_outputs_take_their_weight_gradient_from_the_centered_inputs(ha
 def test_a_key_bias_changes_nothing_and_its_gradient_is_exactly_zero(kind):
     """A key bias adds one vector to every key, so one number to each row of scores, which
     softmax ignores: shifting it leaves the output as it was (to rounding), and its gradient
-    is the exact 0 (attention.key_part), not the rounding noise of summing dk
+    is the exact 0 (multihead.key_part), not the rounding noise of summing dk
     over the keys, which is what a float32 draw of the survey failed the bound on (seed 1986
     of the cross-attention, test_float32.PINNED_DRAWS). The other biases' gradients are not 0."""
     rng = np.random.default_rng(0)

@@ -17,11 +17,11 @@ def test_where_time_goes_parts_and_floor_of_a_copy_step():
     after), the parts and "between layers" make up the instrumented step, and the floor finds
     the step's 56 matrix products (3 per linear layer, 6 per attention, and the one-hot
     product of each embedding gradient, source and target) and its calls."""
-    from numpy_engine import activations, attention, layers, optim
+    from numpy_engine import activations, layers, multihead, optim
 
-    originals = (layers.linear_forward, attention.linear_forward, optim.Optimizer.step)
+    originals = (layers.linear_forward, multihead.linear_forward, optim.Optimizer.step)
     engine = W.engine_parts("copy", steps=2)
-    assert (layers.linear_forward, attention.linear_forward, optim.Optimizer.step) == originals
+    assert (layers.linear_forward, multihead.linear_forward, optim.Optimizer.step) == originals
     gelu = (activations.gelu_forward, activations.gelu_backward)
     assert activations.ACTIVATIONS["gelu"] == gelu  # put back
     for part in ("linear", "attention", "layernorm", "activation", "embedding", "loss"):

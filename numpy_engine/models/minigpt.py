@@ -11,10 +11,6 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine import checks
-from numpy_engine.attention import (
-    keys_values,
-    prestacked_qkv,
-)
 from numpy_engine.blocks import (
     normed,
     normed_backward,
@@ -43,6 +39,10 @@ from numpy_engine.models.base import (
     check_sizes,
     readout_last,
     register,
+)
+from numpy_engine.multihead import (
+    keys_values,
+    prestacked_qkv,
 )
 from numpy_engine.params import layernorm_params, linear_params, self_block_params
 

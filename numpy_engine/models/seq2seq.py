@@ -16,10 +16,6 @@ from typing import NamedTuple
 import numpy as np
 
 from numpy_engine import checks
-from numpy_engine.attention import (
-    keys_values,
-    memory_keys_values,
-)
 from numpy_engine.blocks import (
     decoder_block_backward,
     decoder_block_forward,
@@ -47,6 +43,10 @@ from numpy_engine.models.base import (
     check_sizes,
     readout_last,
     register,
+)
+from numpy_engine.multihead import (
+    keys_values,
+    memory_keys_values,
 )
 from numpy_engine.params import (
     decoder_block_params,
