@@ -128,6 +128,39 @@ def test_gpt2_matches_transformers(case):
         assert_float32_within_bound("GPT2", float32_checks(ours32, golden, sensitivity))
 
 
+def test_gpt2_past_two_query_blocks_matches_transformers(monkeypatch):
+    """140 positions, past two attention.QUERY_BLOCKs: the engine's causal attention runs by
+    blocks of queries, transformers' eager attention over every key. Logits, loss and every
+    gradient in float64; then greedy generation after a 136-token prompt, whose first pass
+    runs by blocks and whose cached steps read the blocks' keys and values, token for token."""
+    from numpy_engine import attention
+    from numpy_engine.attention import QUERY_BLOCK
+    from numpy_engine.generate import generate
+
+    blocked_runs = []
+    by_blocks = attention._causal_forward
+    monkeypatch.setattr(
+        attention, "_causal_forward", lambda *a: blocked_runs.append(1) or by_blocks(*a)
+    )
+
+    T = 140
+    assert T > 2 * QUERY_BLOCK
+    sizes = dict(vocab_size=9, n_embd=6, n_head=2, n_layer=2, n_positions=T)
+    gpt2 = Case(sizes, 5)
+    rng = np.random.default_rng(5)
+    idx, targets = rng.integers(0, 9, (2, T)), rng.integers(0, 9, (2, T))
+    targets[1, -30:] = IGNORE_INDEX
+    dlogits = rng.standard_normal((2, T, 9))
+    ours = engine_results(gpt2.engine, (idx, targets), dlogits)
+    assert_all_close_float64("GPT2 by query blocks", ours, hf_results(gpt2, idx, targets, dlogits))
+    assert len(blocked_runs) % 2 == 0 and blocked_runs  # each forward's two layers
+    before = len(blocked_runs)
+    prompt = idx[:1, :136]
+    theirs = gpt2.hf.generate(torch.tensor(prompt), max_new_tokens=4, do_sample=False)
+    np.testing.assert_array_equal(generate(gpt2.engine, prompt, 4), theirs.numpy())
+    assert len(blocked_runs) == before + 2  # the prompt's pass, by blocks in each layer
+
+
 ONE_CHANNEL_CASES = [
     (dict(vocab_size=2, n_embd=1, n_head=1, n_layer=1, n_positions=1), [[0]], [[1]], 0),
     (  # found by the explore profile: transformers' zeros came out as 1.7e-12 of rounding

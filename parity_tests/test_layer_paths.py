@@ -175,6 +175,28 @@ def test_causal_attention_by_query_blocks_holds_to_torch_and_finite_differences(
     check_layer(case, rng)
 
 
+def test_causal_blocks_start_past_two_blocks_of_queries():
+    """Blocks of queries only for causal_visible's own mask, over more than two blocks'
+    positions (the measured rule, attention.QUERY_BLOCK), the last block short; the same
+    mask as another array, or no mask, runs whole."""
+    from numpy_engine import attention as A
+
+    n = A.QUERY_BLOCK
+
+    def found(visible, T: int):
+        return A.causal_query_blocks(visible, (2, 3, T, T))
+
+    assert found(masks.causal_visible(2 * n), 2 * n) is None
+    assert found(masks.causal_visible(2 * n + 1), 2 * n + 1) == (
+        slice(0, n),
+        slice(n, 2 * n),
+        slice(2 * n, 2 * n + 1),
+    )
+    assert len(found(masks.causal_visible(5 * n), 5 * n)) == 5
+    assert found(np.array(masks.causal_visible(3 * n)), 3 * n) is None  # a copy: not shared
+    assert found(None, 3 * n) is None
+
+
 @pytest.mark.parametrize("dropped", [False, True], ids=["", "dropout"])
 @pytest.mark.parametrize("offset", [0.0, 100.0])
 @pytest.mark.parametrize("rows", [None, 1], ids=["one group", "groups of a row"])

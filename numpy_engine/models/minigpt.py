@@ -309,9 +309,10 @@ class CachedGPTDecoder:
         cfg, p = self.model.config, self.model.params
         start, n = self.length, new_ids.shape[1]
         x = p["tok_embed.weight"][new_ids] + p["pos_embed.weight"][start : start + n]  # (B, n, C)
-        visible = None  # one new query (a decoding step) sees every key so far: no mask
-        if n > 1:  # query i (position start + i) sees keys 0 .. start + i
-            visible = (np.arange(start + n)[None, :] <= start + np.arange(n)[:, None])[None, None]
+        # several ids come only in a window's first run (start 0): query i sees keys 0..i,
+        # by causal_visible's own mask, whose long runs go by blocks of queries (attention.py);
+        # one new query (a decoding step) sees every key so far: no mask
+        visible = causal_visible(n) if n > 1 else None
         for i, past in enumerate(self.kv):
             x, block = self_attention_block_forward(
                 x, self.blocks[i], cfg.n_heads, visible, cfg.activation, past, for_backward=False
