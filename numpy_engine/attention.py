@@ -266,16 +266,18 @@ def _causal_backward(dy, q, k, v, weights, drop, blocks, out: tuple) -> None:
     v_t, keys = scaled_transpose(v), centered_keys(k)  # as _group_backward's, once
     for rows in reversed(blocks):
         b = rows.stop
-        block_weights, block_dy = weights[:, :, rows, :b], dy[:, :, rows]  # (n, H, b - a, .)
+        block_weights = weights[:, :, rows, :b]  # (n, H, b - a, b)
+        block_dy = dy[:, :, rows]  # (n, H, b - a, hs)
         block_drop = None if drop is None else drop[:, :, rows, :b]
+        # forward was y[rows] = (w * drop) v[:b], and w the softmax of s q[rows] k[:b]^T
         s_dweights = dropped(block_dy @ v_t[..., :b], block_drop)  # (n, H, b - a, b)
-        dropped_t = dropped_copy(block_weights, block_drop).swapaxes(-1, -2)
+        dropped_t = dropped_copy(block_weights, block_drop).swapaxes(-1, -2)  # (n, H, b, b - a)
         s_dscores = softmax_backward(s_dweights, block_weights)
         np.matmul(s_dscores, keys[:, :, :b], out=dq[:, :, rows])
         if b == T:  # the last block: every key's first share
             np.matmul(dropped_t, block_dy, out=dv)  # (n, H, T, hs)
             np.matmul(s_dscores.swapaxes(-1, -2), q[:, :, rows], out=dk)
-        else:
+        else:  # keys 0..b-1 fed these queries too: their gradients add (a fork)
             dv[:, :, :b] += dropped_t @ block_dy
             dk[:, :, :b] += s_dscores.swapaxes(-1, -2) @ q[:, :, rows]
 
