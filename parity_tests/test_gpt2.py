@@ -137,11 +137,14 @@ def test_gpt2_past_two_query_blocks_matches_transformers(monkeypatch):
     from numpy_engine.attention import QUERY_BLOCK
     from numpy_engine.generate import generate
 
-    blocked_runs = []
+    blocked_runs = []  # one entry a call of attention._causal_forward: a group by blocks
     by_blocks = attention._causal_forward
-    monkeypatch.setattr(
-        attention, "_causal_forward", lambda *a: blocked_runs.append(1) or by_blocks(*a)
-    )
+
+    def counted(*args):
+        blocked_runs.append(args[0].shape)
+        return by_blocks(*args)
+
+    monkeypatch.setattr(attention, "_causal_forward", counted)
 
     T = 140
     assert T > 2 * QUERY_BLOCK
