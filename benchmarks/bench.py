@@ -193,12 +193,13 @@ def _readings(summary: dict) -> str:
 
 
 def table(summary: dict) -> str:
+    width = max([8, *map(len, summary["configs"])])  # the config column: its longest name
     lines = [
         f"float32, {summary['threads']} thread(s); np.matmul peak "
         f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (1024x1024, {_readings(summary)}); "
         f"BLAS: NumPy {summary['blas']['numpy']}, torch {summary['blas']['torch']}; "
         f"{summary['processor']}",
-        f"{'config':<8} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'middle half':>12} "
+        f"{'config':<{width}} {'engine ms':>10} {'torch ms':>9} {'ratio':>6} {'middle half':>12} "
         f"{'MFLOP/step':>11} "
         f"{'GFLOP/s':>8} {'of peak':>8} {'engine MB':>10} {'torch MB':>9} {'np calls':>9}",
     ]
@@ -209,7 +210,7 @@ def table(summary: dict) -> str:
             else f"{'-':>10} {'-':>9}"
         )
         lines.append(
-            f"{name:<8} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.3f} "
+            f"{name:<{width}} {r['engine_ms']:>10.2f} {r['torch_ms']:>9.2f} {r['ratio']:>6.3f} "
             f"{spread(r['ratio_middle_half']):>12} {r['flops_per_step'] / 1e6:>11.1f} "
             f"{r['engine_gflops']:>8.2f} "
             f"{r['engine_peak_fraction']:>8.1%} {mem} {r['numpy_calls']:>9}"
@@ -219,12 +220,12 @@ def table(summary: dict) -> str:
         lines += [
             "",
             "the same step's matmuls alone, and what the rest of each step costs:",
-            f"{'config':<8} {'numpy mm ms':>12} {'torch mm ms':>12} {'mm ratio':>9} "
+            f"{'config':<{width}} {'numpy mm ms':>12} {'torch mm ms':>12} {'mm ratio':>9} "
             f"{'engine rest ms':>15} {'torch rest ms':>14}",
         ]
     for name, r in floors.items():
         lines.append(
-            f"{name:<8} {r['numpy_matmul_ms']:>12.2f} {r['torch_matmul_ms']:>12.2f} "
+            f"{name:<{width}} {r['numpy_matmul_ms']:>12.2f} {r['torch_matmul_ms']:>12.2f} "
             f"{r['numpy_matmul_ms'] / r['torch_matmul_ms']:>9.2f} "
             f"{r['engine_ms'] - r['numpy_matmul_ms']:>15.2f} "
             f"{r['torch_ms'] - r['torch_matmul_ms']:>14.2f}"

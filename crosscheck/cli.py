@@ -109,16 +109,17 @@ def add_bench_command(commands) -> None:
         "batches, alternating, and print ms per step, the ratio, GFLOP/s against this machine's "
         "matmul peak, each engine's peak memory, and the engine's NumPy calls per step, under a "
         "line naming the processor and each library's BLAS (the ratios depend on both). Configs: "
-        "copy, char-lm, large, long (char-lm's model over 1024 positions); and gpt2, the 124M "
-        "model against Hugging Face transformers (training step, memory, generation).",
+        "copy, char-lm, large, long (char-lm's model over 1024 positions), long-seq2seq (the "
+        "encoder-decoder at char-lm's widths over 1000 positions); and gpt2, the 124M model "
+        "against Hugging Face transformers (training step, memory, generation).",
     )
     bench.add_argument(
         "--configs",
         nargs="+",
-        choices=["copy", "char-lm", "large", "long", "gpt2"],
-        default=["copy", "char-lm", "large", "long"],
-        help="the workloads to time (default: copy char-lm large long; gpt2, the 124M model "
-        "against transformers, takes about three minutes more)",
+        choices=["copy", "char-lm", "large", "long", "long-seq2seq", "gpt2"],
+        default=["copy", "char-lm", "large", "long", "long-seq2seq"],
+        help="the workloads to time (default: copy char-lm large long long-seq2seq; gpt2, the "
+        "124M model against transformers, takes about three minutes more)",
     )
     bench.add_argument(
         "--steps",

@@ -257,6 +257,18 @@ def test_bench_table_prints_memory_and_floors_where_they_were_measured():
     assert len(bench.table(bench_summary(copy=memory)).splitlines()) == 3  # no floor: no table
 
 
+def test_bench_table_columns_line_up_under_a_long_config_name():
+    """long-seq2seq is longer than the column's 8 characters: every row's engine ms ends
+    where the header's does."""
+    lines = bench.table(bench_summary(copy={}, **{"long-seq2seq": {}})).splitlines()[1:]
+    assert lines[2].startswith("long-seq2seq ") and lines[1].startswith("copy         ")
+    ends = [
+        line.index("engine ms") + 9 if i == 0 else line.index("3.22") + 4
+        for i, line in enumerate(lines)
+    ]
+    assert ends == [ends[0]] * 3
+
+
 def test_alternate_on_one_thread_takes_one_step_each_in_turn(monkeypatch):
     calls, (engine, torch_) = alternated(1, 3, monkeypatch)
     assert calls == ["e0", "t0", "e1", "t1", "e2", "t2"]
