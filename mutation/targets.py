@@ -27,7 +27,7 @@ BACKWARD_CODE = {
         "softmax_backward",
         "attention_backward",
         "_group_backward",
-        "_causal_backward",
+        "_blocks_backward",
     ),
     "numpy_engine/multihead.py": (
         "self_attention_backward",
@@ -119,8 +119,10 @@ FORWARD_CODE = {
         "attention_forward",
         "scaled_transpose",
         "_weights",
-        "causal_query_blocks",
-        "_causal_forward",
+        "query_blocks",
+        "_key_stops",
+        "_blocks_forward",
+        "_mask_block",
     ),
     "numpy_engine/multihead.py": (
         "split_heads",

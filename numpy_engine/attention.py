@@ -1,5 +1,5 @@
 """Scaled dot-product attention: the softmax over the scores, its mask, and the backward,
-by groups of batch rows and blocks of causal queries. Multi-head attention, which projects
+by groups of batch rows and blocks of queries. Multi-head attention, which projects
 its inputs into these heads, is multihead.py.
 
 Shape legend: B batch, H heads, Tq query positions, Tk key positions,
@@ -88,7 +88,7 @@ class AttentionCache(NamedTuple):
     v: np.ndarray  # (B, H, Tk, hs)
     weights: np.ndarray  # (B, H, Tq, Tk), rows sum to 1, hidden entries exactly 0
     drop: np.ndarray | None = None  # the weights' dropout mask (B, H, Tq, Tk); None: none
-    query_blocks: tuple | None = None  # causal_query_blocks: the forward's, for the backward
+    query_blocks: QueryBlocks | None = None  # the forward's (query_blocks), for the backward
 
     def arrays(self, rows: slice) -> tuple:
         """(q, k, v, weights, drop) of a group of batch rows; a drop of None stays None."""
@@ -121,15 +121,15 @@ def attention_forward(
     """y = softmax(q k^T / sqrt(hs), hidden keys at -inf) v, (B, H, Tq, hs), written into out
     if given (e.g. split_heads of the (B, Tq, C) array the heads are merged into: the product
     writes the merged layout itself, no copy after). Past WHOLE_BYTES of scores, a group of
-    batch rows at a time (batch_groups); causal self-attention over more than two blocks of
-    queries, a block at a time (causal_query_blocks). The weights are kept whole, for the
-    backward and the study commands. drop: a dropout mask (B, H, Tq, Tk) on the weights
-    (dropout.py): y = (weights * drop) v; the cache keeps the weights before it, and the
-    mask."""
+    batch rows at a time (batch_groups), and for causal self-attention or a row's scores
+    past GROUP_BYTES, a block of queries at a time (query_blocks). The weights are kept
+    whole, for the backward and the study commands. drop: a dropout mask (B, H, Tq, Tk) on
+    the weights (dropout.py): y = (weights * drop) v; the cache keeps the weights before
+    it, and the mask."""
     shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Tq, Tk)
     hidden = hidden_scores(visible, q, k)
     groups = batch_groups(shape, q.itemsize)
-    blocks = causal_query_blocks(visible, shape)
+    blocks = query_blocks(visible, shape, q.itemsize, q.shape[-1])
     if len(groups) == 1 and blocks is None:
         weights = _weights(q, k, hidden)
         y = np.matmul(dropped_copy(weights, drop), v, out=out)
@@ -138,12 +138,14 @@ def attention_forward(
     if out is None:
         out = np.empty((*shape[:-1], v.shape[-1]), np.result_type(weights, v))
     per_row = hidden is not None and hidden.ndim == 4 and len(hidden) > 1  # a (B, ...) mask
+    if blocks is not None and hidden is not None and hidden.ndim == 1:  # a shared limit
+        hidden = hidden.reshape(-1, shape[-1])  # (Tq or 1, Tk), as a block indexes it
     for g in groups:
         group_drop = None if drop is None else drop[g]
-        if blocks is not None:  # hidden is the causal mask's limit, shared by every row
-            _causal_forward(q[g], k[g], v[g], hidden, blocks, weights[g], out[g], group_drop)
-            continue
         group_hidden = hidden[g] if per_row else hidden
+        if blocks is not None:
+            _blocks_forward(q[g], k[g], v[g], group_hidden, blocks, weights[g], out[g], group_drop)
+            continue
         _weights(q[g], k[g], group_hidden, out=weights[g])
         np.matmul(dropped_copy(weights[g], group_drop), v[g], out=out[g])
     return out, AttentionCache(q, k, v, weights, drop, blocks)
@@ -198,7 +200,7 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None 
     for g in groups:
         group_out = tuple(d[g] for d in out)
         if blocks is not None:
-            _causal_backward(dy[g], *cache.arrays(g), blocks, group_out)
+            _blocks_backward(dy[g], *cache.arrays(g), blocks, group_out)
         else:
             _group_backward(dy[g], *cache.arrays(g), out=group_out)
     return out
@@ -221,65 +223,123 @@ def _group_backward(dy, q, k, v, weights, drop=None, out: tuple | None = None) -
     return dq, dk, dv
 
 
-# Causal self-attention's queries per block past two blocks' positions (causal_query_blocks).
+# Causal self-attention's queries per block past two blocks' positions (query_blocks).
 # Training steps, one thread, float32, blocks against none (Zen 4): benchmarks.ab's long
 # (char-lm's model over 1024 positions, batch 2) 0.514; alternating in one process, the
 # same model over 256 positions at batch 8 0.891, GPT-2 (124M) over 1024 at batch 1 0.920;
 # at 1024 positions blocks of 32 0.568 and of 128 0.572 against 64's 0.538
 QUERY_BLOCK = 64
 
+# Any other mask: blocks of queries whose scores are about BLOCK_BYTES, where one batch row's
+# scores outgrow GROUP_BYTES and the heads are at most NARROW_HEAD wide. Then the (T, T)
+# passes (mask, softmax and their backward) dwarf the products, and a block's scores stay
+# in cache. Attention alone, forward and backward, one thread, float32, a padding mask,
+# (B, H, T, hs) = (2, 4, 1000, 16): 57.3 ms whole, 34.0 by blocks of 32 queries (512 KiB),
+# 39.3 by 64; hs 8: 49.2 -> 27.8; hs 32: 72.2 -> 54.9; hs 64 gained nothing (97.6 -> 103.3
+# by 32): its products outweigh the passes, and each block adds its share to dk and dv
+BLOCK_BYTES, NARROW_HEAD = 512 << 10, 32
 
-def causal_query_blocks(visible: np.ndarray | None, shape: tuple) -> tuple | None:
-    """Slices of QUERY_BLOCK queries, for the shared causal mask over more than two blocks'
-    positions; else None. The queries of block [a, b) see keys 0..b-1 alone, so the scores
-    right of them, all hidden, are never computed: of n blocks' (T, T) scores, (n + 1) / 2n
-    are, and their softmax and its backward with them."""
-    Tq, Tk = shape[-2:]
-    if Tq != Tk or Tq <= 2 * QUERY_BLOCK or not is_shared_causal(visible):
+
+class QueryBlocks(NamedTuple):
+    """Blocks of queries, each computed against keys 0..stop-1 alone: every key past its
+    stop is hidden from all of its queries, in every batch row and head."""
+
+    rows: tuple  # slices of the query axis, in order, covering it
+    stops: tuple  # each block's keys: 0..stop-1
+    causal: bool  # the shared causal mask: a block [a, b)'s keys 0..a-1 are all visible
+
+    def pairs(self) -> list[tuple[slice, int]]:
+        """(rows, stop) of each block, in order."""
+        return list(zip(self.rows, self.stops, strict=True))
+
+
+def query_blocks(visible: np.ndarray | None, shape: tuple, itemsize: int, hs: int):
+    """The blocks attention over scores of `shape` (B, H, Tq, Tk) runs by, or None (whole):
+    for causal_visible(T)'s own mask over more than two blocks' positions, QUERY_BLOCK
+    queries, each block [a, b) against keys 0..b-1; for any other mask (or none), where one
+    batch row's scores outgrow GROUP_BYTES and the heads are at most NARROW_HEAD wide,
+    BLOCK_BYTES of scores a block (GROUP_BYTES is twice it: three blocks or more), each
+    against the keys up to the last any of its queries sees."""
+    H, Tq, Tk = shape[1:]
+    if is_shared_causal(visible) and Tq == Tk:
+        if Tq <= 2 * QUERY_BLOCK:
+            return None
+        rows = tuple(slices(Tq, 1, QUERY_BLOCK))
+        return QueryBlocks(rows, tuple(r.stop for r in rows), causal=True)
+    row_bytes = H * Tk * itemsize  # one query's scores in a batch row
+    if hs > NARROW_HEAD or Tq * row_bytes <= GROUP_BYTES:
         return None
-    return tuple(slice(a, min(a + QUERY_BLOCK, Tq)) for a in range(0, Tq, QUERY_BLOCK))
+    rows = tuple(slices(Tq, row_bytes, BLOCK_BYTES))
+    return QueryBlocks(rows, _key_stops(visible, rows, Tk), causal=False)
 
 
-def _causal_forward(q, k, v, limit, blocks, weights, y, drop) -> None:
+def _key_stops(visible: np.ndarray | None, rows: tuple, Tk: int) -> tuple:
+    """Each block's stop: one past the last key any of its queries sees, in any batch row or
+    head (a causal & padding mask: the block's end; a mask of right padding: the longest
+    row's length). Every query sees a key (hidden_scores checks)."""
+    if visible is None:
+        return (Tk,) * len(rows)
+    seen = visible.reshape(-1, *visible.shape[-2:]).any(axis=0)  # (Tq or 1, Tk)
+    stops = []
+    for r in rows:
+        keys = seen[r].any(axis=0) if len(seen) > 1 else seen[0]  # (Tk,): seen by a query
+        stops.append(Tk - int(np.argmax(keys[::-1])))
+    return tuple(stops)
+
+
+def _blocks_forward(q, k, v, hidden, blocks: QueryBlocks, weights, y, drop) -> None:
     """_weights and weights @ v for a group of batch rows, block by block of queries
-    (causal_query_blocks), into weights and y: limit is masks.causal_limit's (T * T,)."""
-    T = q.shape[-2]
-    limit = limit.reshape(T, T)  # -inf hidden, +inf visible
-    k_t = scaled_transpose(k)  # (n, H, hs, T)
-    for rows in blocks:
-        a, b = rows.start, rows.stop
-        scores = q[:, :, rows] @ k_t[..., :b]  # (n, H, b - a, b): the keys these queries see
-        diagonal = scores[..., a:]  # (n, H, b - a, b - a): every key left of it is visible
-        np.fmin(diagonal, limit[rows, a:b], out=diagonal)
-        block_weights = softmax_last(scores, out=weights[:, :, rows, :b])
-        weights[:, :, rows, b:] = 0.0  # hidden
-        block_drop = None if drop is None else drop[:, :, rows, :b]
-        np.matmul(dropped_copy(block_weights, block_drop), v[:, :, :b], out=y[:, :, rows])
+    (query_blocks), into weights and y. hidden: the group's, as hidden_scores gives it, a
+    limit reshaped to (Tq or 1, Tk)."""
+    k_t = scaled_transpose(k)  # (n, H, hs, Tk)
+    for rows, stop in blocks.pairs():
+        scores = q[:, :, rows] @ k_t[..., :stop]  # (n, H, b - a, stop): the keys they see
+        _mask_block(scores, hidden, rows, blocks.causal)
+        block_weights = softmax_last(scores, out=weights[:, :, rows, :stop])
+        weights[:, :, rows, stop:] = 0.0  # hidden
+        block_drop = None if drop is None else drop[:, :, rows, :stop]
+        np.matmul(dropped_copy(block_weights, block_drop), v[:, :, :stop], out=y[:, :, rows])
 
 
-def _causal_backward(dy, q, k, v, weights, drop, blocks, out: tuple) -> None:
-    """_group_backward block by block of queries (causal_query_blocks), into out's (dq, dk,
-    dv). The last block's queries see every key: its products write dk and dv, and each
-    block before it adds its share to the rows of the keys it sees."""
+def _mask_block(scores, hidden, rows: slice, causal: bool) -> None:
+    """A block's scores (n, H, b - a, stop) at -inf where hidden."""
+    if hidden is None:
+        return
+    stop = scores.shape[-1]
+    if causal:  # only the diagonal square hides keys: those left of it are all visible
+        diagonal = scores[..., rows.start :]  # (n, H, b - a, b - a)
+        np.fmin(diagonal, hidden[rows, rows.start : stop], out=diagonal)
+        return
+    piece = hidden[..., rows, :stop] if hidden.shape[-2] > 1 else hidden[..., :stop]
+    if hidden.dtype == bool:
+        np.copyto(scores, -np.inf, where=piece)
+    else:  # a shared mask's limit: -inf hidden, +inf visible
+        np.fmin(scores, piece, out=scores)
+
+
+def _blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple) -> None:
+    """_group_backward block by block of queries (query_blocks), into out's (dq, dk, dv). The
+    last block's products write dk and dv (zero past its stop), and each block before it
+    adds its share to the rows of the keys it sees."""
     dq, dk, dv = out
-    T = q.shape[-2]
     v_t, keys = scaled_transpose(v), centered_keys(k)  # as _group_backward's, once
-    for rows in reversed(blocks):
-        b = rows.stop
-        block_weights = weights[:, :, rows, :b]  # (n, H, b - a, b)
+    for i, (rows, stop) in enumerate(reversed(blocks.pairs())):
+        block_weights = weights[:, :, rows, :stop]  # (n, H, b - a, stop)
         block_dy = dy[:, :, rows]  # (n, H, b - a, hs)
-        block_drop = None if drop is None else drop[:, :, rows, :b]
-        # forward was y[rows] = (w * drop) v[:b], and w the softmax of s q[rows] k[:b]^T
-        s_dweights = dropped(block_dy @ v_t[..., :b], block_drop)  # (n, H, b - a, b)
-        dropped_t = dropped_copy(block_weights, block_drop).swapaxes(-1, -2)  # (n, H, b, b - a)
+        block_drop = None if drop is None else drop[:, :, rows, :stop]
+        # forward was y[rows] = (w * drop) v[:stop], w the softmax of s q[rows] k[:stop]^T
+        s_dweights = dropped(block_dy @ v_t[..., :stop], block_drop)  # (n, H, b - a, stop)
+        dropped_t = dropped_copy(block_weights, block_drop).swapaxes(-1, -2)
         s_dscores = softmax_backward(s_dweights, block_weights)
-        np.matmul(s_dscores, keys[:, :, :b], out=dq[:, :, rows])
-        if b == T:  # the last block: every key's first share
-            np.matmul(dropped_t, block_dy, out=dv)  # (n, H, T, hs)
-            np.matmul(s_dscores.swapaxes(-1, -2), q[:, :, rows], out=dk)
-        else:  # keys 0..b-1 fed these queries too: their gradients add (a fork)
-            dv[:, :, :b] += dropped_t @ block_dy
-            dk[:, :, :b] += s_dscores.swapaxes(-1, -2) @ q[:, :, rows]
+        np.matmul(s_dscores, keys[:, :, :stop], out=dq[:, :, rows])
+        if i == 0:  # the last block: every key's first share, none past its stop
+            np.matmul(dropped_t, block_dy, out=dv[:, :, :stop])  # (n, H, stop, hs)
+            np.matmul(s_dscores.swapaxes(-1, -2), q[:, :, rows], out=dk[:, :, :stop])
+            dv[:, :, stop:] = 0.0
+            dk[:, :, stop:] = 0.0
+        else:  # keys 0..stop-1 fed these queries too: their gradients add (a fork)
+            dv[:, :, :stop] += dropped_t @ block_dy
+            dk[:, :, :stop] += s_dscores.swapaxes(-1, -2) @ q[:, :, rows]
 
 
 def centered_keys(k: np.ndarray) -> np.ndarray:

@@ -137,14 +137,14 @@ def test_gpt2_past_two_query_blocks_matches_transformers(monkeypatch):
     from numpy_engine.attention import QUERY_BLOCK
     from numpy_engine.generate import generate
 
-    blocked_runs = []  # one entry a call of attention._causal_forward: a group by blocks
-    by_blocks = attention._causal_forward
+    blocked_runs = []  # one entry a call of attention._blocks_forward: a group by blocks
+    by_blocks = attention._blocks_forward
 
     def counted(*args):
         blocked_runs.append(args[0].shape)
         return by_blocks(*args)
 
-    monkeypatch.setattr(attention, "_causal_forward", counted)
+    monkeypatch.setattr(attention, "_blocks_forward", counted)
 
     T = 140
     assert T > 2 * QUERY_BLOCK

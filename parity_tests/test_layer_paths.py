@@ -160,7 +160,7 @@ def test_causal_attention_by_query_blocks_holds_to_torch_and_finite_differences(
     monkeypatch, T, block
 ):
     """Causal self-attention past two attention.QUERY_BLOCKs' positions runs a block of
-    queries at a time, each against the keys it sees (causal_query_blocks): forced here onto
+    queries at a time, each against the keys it sees (query_blocks): forced here onto
     small blocks (the last one short where T is no multiple of them) and held to both
     witnesses as test_layers.py holds the whole, float32's bound too; every hidden weight is
     exactly 0, as the whole path leaves it."""
@@ -170,7 +170,8 @@ def test_causal_attention_by_query_blocks_holds_to_torch_and_finite_differences(
     rng = np.random.default_rng(T * block)
     case = cases.attention(rng, 2, 3, T, T, 4, "shared causal")
     _, cache = case.forward(case.inputs)
-    assert cache.query_blocks == tuple(slice(a, min(a + block, T)) for a in range(0, T, block))
+    rows = tuple(slice(a, min(a + block, T)) for a in range(0, T, block))
+    assert cache.query_blocks == (rows, tuple(r.stop for r in rows), True)
     assert not np.triu(cache.weights, 1).any()
     check_layer(case, rng)
 
@@ -184,27 +185,87 @@ def test_causal_blocks_start_past_two_blocks_of_queries():
     n = A.QUERY_BLOCK
 
     def found(visible, T: int):
-        return A.causal_query_blocks(visible, (2, 3, T, T))
+        return A.query_blocks(visible, (2, 3, T, T), 4, 4)
 
     assert found(masks.causal_visible(2 * n), 2 * n) is None
     assert found(masks.causal_visible(2 * n + 1), 2 * n + 1) == (
-        slice(0, n),
-        slice(n, 2 * n),
-        slice(2 * n, 2 * n + 1),
+        (slice(0, n), slice(n, 2 * n), slice(2 * n, 2 * n + 1)),
+        (n, 2 * n, 2 * n + 1),
+        True,
     )
-    assert len(found(masks.causal_visible(5 * n), 5 * n)) == 5
+    assert len(found(masks.causal_visible(5 * n), 5 * n).rows) == 5
     assert found(np.array(masks.causal_visible(3 * n)), 3 * n) is None  # a copy: not shared
     assert found(None, 3 * n) is None
 
 
+def force_blocks_of_any_mask(monkeypatch, A, H: int, Tk: int, queries: int) -> None:
+    """Blocks of `queries` float32 queries (half as many float64 ones, at least one) past
+    any score of a batch row: query_blocks' general rule at a test's size."""
+    monkeypatch.setattr(A, "GROUP_BYTES", 0)
+    monkeypatch.setattr(A, "BLOCK_BYTES", queries * H * Tk * 4)
+
+
+@pytest.mark.parametrize(
+    "kind, Tq, Tk",
+    [("padding", 9, 7), ("random", 7, 6), ("causal", 8, 8), ("none", 5, 9)],
+)
+def test_attention_by_query_blocks_under_any_mask_holds_to_torch_and_finite_differences(
+    monkeypatch, kind, Tq, Tk
+):
+    """Past GROUP_BYTES of a batch row's scores, under any mask but the shared causal one,
+    attention runs by blocks of queries, each against the keys up to the last one any of
+    its queries sees (query_blocks): forced here onto blocks of 2 queries (float32) and of
+    1 (float64), held to both witnesses. A causal mask of its own array stops each block's
+    keys at the block's end; padding, at the longest row's."""
+    from numpy_engine import attention as A
+
+    force_blocks_of_any_mask(monkeypatch, A, 3, Tk, 2)
+    rng = np.random.default_rng(Tq * Tk)
+    case = cases.attention(rng, 2, 3, Tq, Tk, 4, kind)
+    _, cache = case.forward(case.inputs)
+    assert cache.query_blocks.rows == tuple(slice(t, t + 1) for t in range(Tq))
+    if kind == "causal":
+        assert cache.query_blocks.stops == tuple(range(1, Tq + 1))
+        assert not np.triu(cache.weights, 1).any()
+    check_layer(case, rng)
+
+
+def test_blocks_of_any_mask_start_past_a_rows_group_bytes():
+    """The general rule at its real sizes: a batch row's scores past GROUP_BYTES (1 MiB), heads
+    of at most NARROW_HEAD, BLOCK_BYTES (512 KiB) of scores a block; each block's keys end
+    after the last any of its queries sees."""
+    from numpy_engine import attention as A
+
+    assert A.GROUP_BYTES == 2 * A.BLOCK_BYTES == 1 << 20 and A.NARROW_HEAD == 32
+    found = A.query_blocks(None, (2, 4, 1000, 1000), 4, 16)  # 16 KB a query: 32 a block
+    assert found.rows[:2] == (slice(0, 32), slice(32, 64)) and found.rows[-1] == slice(992, 1000)
+    assert len(found.rows) == 32 and found.stops == (1000,) * 32 and not found.causal
+    assert A.query_blocks(None, (2, 4, 1000, 1000), 4, 33) is None  # wider heads: whole
+    assert A.query_blocks(None, (2, 4, 256, 256), 4, 16) is None  # 1 MiB a row: whole
+    assert len(A.query_blocks(None, (2, 4, 257, 257), 4, 16).rows) == 3  # 127, 127, 3
+    assert len(A.query_blocks(None, (2, 4, 257, 257), 8, 16).rows) == 5  # float64: 63 a block
+    ids = np.ones((2, 300), dtype=np.int64)
+    ids[0, 290:], ids[1, 280:] = 0, 0  # right padding: the longest row has 290 tokens
+    padded = A.query_blocks(masks.padding_visible(ids, 0), (2, 4, 300, 300), 4, 16)
+    assert padded.stops == (290, 290, 290)  # blocks of 109 queries
+    both = masks.causal_visible(300) & masks.padding_visible(ids, 0)  # (2, 1, 300, 300)
+    assert A.query_blocks(both, (2, 4, 300, 300), 4, 16).stops == (109, 218, 290)
+
+
+@pytest.mark.parametrize("mask", ["shared causal", "causal & padding"])
 @pytest.mark.parametrize("dropped", [False, True], ids=["", "dropout"])
 @pytest.mark.parametrize("offset", [0.0, 100.0])
 @pytest.mark.parametrize("rows", [None, 1], ids=["one group", "groups of a row"])
-def test_attention_by_query_blocks_equals_the_whole_scores(monkeypatch, rows, offset, dropped):
+def test_attention_by_query_blocks_equals_the_whole_scores(
+    monkeypatch, rows, offset, dropped, mask
+):
     """Blocks of 2 queries (7 positions: the last block one) against the whole (T, T)
     scores, float64: in one group and in groups of a batch row, with a dropout mask on the
     weights (each block reads its rows of it), and at offset 100, where every softmax takes
-    the textbook path. The same values to rounding; the hidden weights exactly 0."""
+    the textbook path; under the shared causal mask and under a per-row causal & padding
+    mask (query_blocks' general rule, a seq2seq decoder's), whose last row's padding ends
+    the last block's keys early. The same values to rounding; the hidden weights exactly 0,
+    the gradients of keys no query sees too."""
     from numpy_engine import attention as A
     from numpy_engine.dropout import Dropout
 
@@ -215,19 +276,26 @@ def test_attention_by_query_blocks_equals_the_whole_scores(monkeypatch, rows, of
         q[..., 0], k[..., 0] = offset * np.sqrt(hs), 1.0  # scores = offset + N(0, 3/4)
     drop = Dropout(rng, attn=0.4).mask("attn", (B, H, T, T), np.float64) if dropped else None
     visible = masks.causal_visible(T)
+    if mask == "causal & padding":  # every row's last key is padding: no query sees it
+        ids = np.array([[3, 4, 5, 6, 7, 8, 0], [3, 4, 5, 0, 0, 0, 0], [3, 4, 5, 6, 7, 0, 0]])
+        visible = visible & masks.padding_visible(ids, 0)
     whole_y, whole_cache = A.attention_forward(q, k, v, visible, drop=drop)
     whole_grads = A.attention_backward(dy, whole_cache)
     assert whole_cache.query_blocks is None  # 7 positions are not past two blocks of 64
     monkeypatch.setattr(A, "QUERY_BLOCK", 2)
+    force_blocks_of_any_mask(monkeypatch, A, H, T, 4)  # 2 float64 queries a block
     if rows is not None:
         monkeypatch.setattr(A, "WHOLE_BYTES", 0)
-        monkeypatch.setattr(A, "GROUP_BYTES", rows * H * T * T * 8)
     y, cache = A.attention_forward(q, k, v, visible, drop=drop)
-    assert len(cache.query_blocks) == 4 and not np.triu(cache.weights, 1).any()
+    assert len(A.batch_groups(cache.weights.shape, 8)) == (B if rows else 1)
+    stops = (2, 4, 6, 7) if mask == "shared causal" else (2, 4, 6, 6)
+    assert cache.query_blocks.stops == stops and not np.triu(cache.weights, 1).any()
     pairs = [(y, whole_y), (cache.weights, whole_cache.weights)]
     pairs += zip(A.attention_backward(dy, cache), whole_grads, strict=True)
     for blocked, whole in pairs:
         np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-14 * np.abs(whole).max())
+    if mask == "causal & padding":
+        assert not pairs[3][0][:, :, 6].any() and not pairs[4][0][:, :, 6].any()  # dk, dv
 
 
 def test_a_mask_of_fewer_axes_broadcasts_as_numpy_does():

@@ -27,6 +27,7 @@ from parity_tests.strategies import (
     GPTCase,
     Seq2SeqCase,
     gpt_cases,
+    padded_ids,
     randomized_model,
     seq2seq_cases,
 )
@@ -147,6 +148,39 @@ def test_gpt_past_two_query_blocks_matches_torch():
     _, cache = model.forward(idx)
     assert all(block.attn.attention.query_blocks for block in cache.blocks)
     check_model("MiniGPT by query blocks", model, (idx, targets), rng)
+
+
+def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypatch):
+    """370 source and 371 target positions over 2 heads: a batch row's scores pass
+    attention.GROUP_BYTES (1 MiB) in float32 and float64, so every attention, the encoder's,
+    the decoder's causal & padding and the cross-attention, runs by blocks of queries at the
+    sizes training takes, each block's keys ending at the last one its queries see: against
+    the twin's, whose softmax sees every key. Rows padded at different lengths."""
+    from numpy_engine import attention
+
+    found = []  # each attention's blocks, as query_blocks chose them
+    choose = attention.query_blocks
+
+    def recorded(*args):
+        found.append(choose(*args))
+        return found[-1]
+
+    monkeypatch.setattr(attention, "query_blocks", recorded)
+    S, lengths = 370, [370, 301]
+    config = ne.Seq2SeqConfig(vocab_size=7, d_model=6, n_heads=2, d_ff=5, dtype="float64")
+    rng = np.random.default_rng(4)
+    source = padded_ids(rng, lengths, S, 7)
+    target = np.concatenate([source, np.zeros((2, 1), np.int64)], axis=1)
+    target[[0, 1], lengths] = config.eos_id  # (2, 371): each row's ids, then its end
+    decoder_input = np.concatenate([np.full((2, 1), config.bos_id), source], axis=1)
+    model, rng = randomized_model(Seq2SeqCase(config, source, decoder_input, target, seed=4))
+    model.forward(source, decoder_input)
+    encoder, decoder, cross = found
+    assert all(len(blocks.rows) == 5 for blocks in found)  # 88 (float64) queries a block
+    assert encoder.stops == cross.stops == (S,) * 5  # row 0 sees every source key
+    assert decoder.stops == (88, 176, 264, 352, 371)  # causal: each block's end
+    check_model("Seq2SeqTransformer by query blocks", model, (source, decoder_input, target), rng)
+    assert [len(blocks.rows) for blocks in found[-3:]] == [3] * 3  # float32: 176-177 a block
 
 
 @pytest.mark.parametrize("kind", [ne.MiniGPT, ne.Seq2SeqTransformer])
