@@ -241,6 +241,9 @@ def test_blocks_of_any_mask_start_past_a_rows_group_bytes():
     assert found.rows[:2] == (slice(0, 32), slice(32, 64)) and found.rows[-1] == slice(992, 1000)
     assert len(found.rows) == 32 and found.stops == (1000,) * 32 and not found.causal
     assert A.query_blocks(None, (2, 4, 1000, 1000), 4, 33) is None  # wider heads: whole
+    assert len(A.query_blocks(None, (2, 4, 1000, 1000), 4, 32).rows) == 32  # 32 wide: blocks
+    cross = A.query_blocks(None, (2, 4, 100, 3000), 4, 16)  # 48 KB a query: 10 a block
+    assert cross.rows[0] == slice(0, 10) and len(cross.rows) == 10 and cross.stops[0] == 3000
     assert A.query_blocks(None, (2, 4, 256, 256), 4, 16) is None  # 1 MiB a row: whole
     assert len(A.query_blocks(None, (2, 4, 257, 257), 4, 16).rows) == 3  # 127, 127, 3
     assert len(A.query_blocks(None, (2, 4, 257, 257), 8, 16).rows) == 5  # float64: 63 a block
