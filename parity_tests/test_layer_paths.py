@@ -207,7 +207,7 @@ def force_blocks_of_any_mask(monkeypatch, A, H: int, Tk: int, queries: int) -> N
 
 @pytest.mark.parametrize(
     "kind, Tq, Tk",
-    [("padding", 9, 7), ("random", 7, 6), ("causal", 8, 8), ("none", 5, 9)],
+    [("padding", 9, 7), ("random", 7, 6), ("random", 2, 5), ("causal", 8, 8), ("none", 5, 9)],
 )
 def test_attention_by_query_blocks_under_any_mask_holds_to_torch_and_finite_differences(
     monkeypatch, kind, Tq, Tk
@@ -242,6 +242,9 @@ def test_blocks_of_any_mask_start_past_a_rows_group_bytes():
     assert len(found.rows) == 32 and found.stops == (1000,) * 32 and not found.causal
     assert A.query_blocks(None, (2, 4, 1000, 1000), 4, 33) is None  # wider heads: whole
     assert len(A.query_blocks(None, (2, 4, 1000, 1000), 4, 32).rows) == 32  # 32 wide: blocks
+    for hs, blocked in ((16, True), (33, False)):  # attention reads the width off q's last axis
+        q = np.zeros((1, 2, 300, hs))  # float64, 2 heads: 1.4 MB of scores
+        assert (A.attention_forward(q, q, q, None)[1].query_blocks is not None) == blocked
     cross = A.query_blocks(None, (2, 4, 100, 3000), 4, 16)  # 48 KB a query: 10 a block
     assert cross.rows[0] == slice(0, 10) and len(cross.rows) == 10 and cross.stops[0] == 3000
     assert A.query_blocks(None, (2, 4, 256, 256), 4, 16) is None  # 1 MiB a row: whole
@@ -253,6 +256,23 @@ def test_blocks_of_any_mask_start_past_a_rows_group_bytes():
     assert padded.stops == (290, 290, 290)  # blocks of 109 queries
     both = masks.causal_visible(300) & masks.padding_visible(ids, 0)  # (2, 1, 300, 300)
     assert A.query_blocks(both, (2, 4, 300, 300), 4, 16).stops == (109, 218, 290)
+
+
+def test_each_blocks_keys_stop_after_the_last_any_of_its_queries_sees(monkeypatch):
+    """A block's stop is one past the last key a query of it sees, in any batch row or head,
+    whatever axes the mask has ((Tq, Tk), (H, Tq, Tk), (B, H, Tq, Tk)): blocks of one query
+    forced here, over two queries."""
+    from numpy_engine import attention as A
+
+    force_blocks_of_any_mask(monkeypatch, A, 2, 4, 1)  # one float32 query a block
+    first_sees_one = np.array([[True, False, False, False], [True, True, True, False]])
+    for visible in (first_sees_one, first_sees_one[None], first_sees_one[None, None]):
+        assert A.query_blocks(visible, (3, 2, 2, 4), 4, 4).stops == (1, 3)
+    per_head = np.stack([first_sees_one, first_sees_one[::-1]])  # (H, Tq, Tk): head 1 swapped
+    assert A.query_blocks(per_head, (3, 2, 2, 4), 4, 4).stops == (3, 3)
+    per_row = np.zeros((3, 1, 2, 4), dtype=bool)
+    per_row[:, :, :, 0], per_row[2, 0, 1, 3] = True, True  # only row 2's last query sees key 3
+    assert A.query_blocks(per_row, (3, 2, 2, 4), 4, 4).stops == (1, 4)
 
 
 @pytest.mark.parametrize("mask", ["shared causal", "causal & padding"])
