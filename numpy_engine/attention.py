@@ -258,8 +258,9 @@ def query_blocks(visible: np.ndarray | None, shape: tuple, itemsize: int, hs: in
     for causal_visible(T)'s own mask over more than two blocks' positions, QUERY_BLOCK
     queries, each block [a, b) against keys 0..b-1; for any other mask (or none), where one
     batch row's scores outgrow GROUP_BYTES and the heads are at most NARROW_HEAD wide,
-    BLOCK_BYTES of scores a block (GROUP_BYTES is twice it: three blocks or more), each
-    against the keys up to the last any of its queries sees."""
+    BLOCK_BYTES of scores a block (GROUP_BYTES is twice it: three blocks or more, unless one
+    query's scores pass BLOCK_BYTES), each against the keys up to the last any of its
+    queries sees."""
     H, Tq, Tk = shape[1:]
     if is_shared_causal(visible) and Tq == Tk:
         if Tq <= 2 * QUERY_BLOCK:
