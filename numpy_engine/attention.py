@@ -330,7 +330,7 @@ def _blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple
         block_drop = None if drop is None else drop[:, :, rows, :stop]
         # forward was y[rows] = (w * drop) v[:stop], w the softmax of s q[rows] k[:stop]^T
         s_dweights = dropped(block_dy @ v_t[..., :stop], block_drop)  # (n, H, b - a, stop)
-        dropped_t = dropped_copy(block_weights, block_drop).swapaxes(-1, -2)
+        dropped_t = dropped_copy(block_weights, block_drop).swapaxes(-1, -2)  # (n, H, stop, b - a)
         s_dscores = softmax_backward(s_dweights, block_weights)
         np.matmul(s_dscores, keys[:, :, :stop], out=dq[:, :, rows])
         if i == 0:  # the last block: every key's first share, none past its stop
