@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> None:
         "--configs",
         nargs="+",
         default=["copy", "char-lm"],
-        help="workloads of benchmarks/workloads.py: copy, char-lm, large, long, long-seq2seq; or "
-        "gpt2, the 124M model of benchmarks/gpt2.py (two models in memory, ~5 GB) (default: "
-        "copy char-lm)",
+        help="workloads of benchmarks/workloads.py: copy, char-lm, large, long, long-seq2seq, "
+        "wide-seq2seq; or gpt2, the 124M model of benchmarks/gpt2.py (two models in memory, ~5 "
+        "GB) (default: copy char-lm)",
     )
     parser.add_argument(
         "--steps", type=int, default=400, help="timed pairs of steps per config (default: 400)"

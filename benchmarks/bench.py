@@ -151,6 +151,9 @@ def matmul_floor(cfg: Workload) -> dict:
     return {"numpy_matmul_ms": floor["numpy"], "torch_matmul_ms": floor["torch"]}
 
 
+SLOW = ("large", "wide-seq2seq")  # ~1 s and ~0.6 s a step: a fifth of the steps are timed
+
+
 def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool) -> dict:
     keep_freed_memory()  # process-wide: the same allocator settings for both engines
     torch.set_num_threads(threads)
@@ -161,7 +164,7 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
         results = {}
         for name in configs:
             cfg = CONFIGS[name]
-            n = max(3, steps // 5) if name == "large" else steps  # ~1 s a step
+            n = max(3, steps // 5) if name in SLOW else steps
             results[name] = time_config(cfg, n, min(warmup, n), threads)
             results[name]["steps_timed"] = n
             results[name]["numpy_calls"] = numpy_calls(cfg)
@@ -173,7 +176,7 @@ def run(configs: list[str], steps: int, warmup: int, threads: int, memory: bool)
         row["engine_peak_fraction"] = row["engine_gflops"] / peak
     if memory:
         for name in configs:
-            mem_steps = 2 if name == "large" else 5
+            mem_steps = 2 if name in SLOW else 5
             results[name]["engine_peak_mb"] = peak_memory_mb(name, "engine", mem_steps, threads)
             results[name]["torch_peak_mb"] = peak_memory_mb(name, "torch", mem_steps, threads)
     return {

@@ -58,6 +58,11 @@ WORKLOADS = {
     # step under padding masks (the decoder's causal too), whose (T, T) scores outgrow the
     # rest. Not copy's model: its 8-wide heads already ran ahead of torch there (0.884)
     "long-seq2seq": Workload("long-seq2seq", "seq2seq", dict(d_model=64, d_ff=256), 2, 1000, Adam),
+    # the same over heads as wide as GPT-2's (256 channels in 4 heads of 64, d_ff 1024): the
+    # products weigh more than the (T, T) passes there
+    "wide-seq2seq": Workload(
+        "wide-seq2seq", "seq2seq", dict(d_model=256, n_heads=4, d_ff=1024), 2, 1000, Adam
+    ),
 }
 
 

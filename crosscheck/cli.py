@@ -110,23 +110,25 @@ def add_bench_command(commands) -> None:
         "matmul peak, each engine's peak memory, and the engine's NumPy calls per step, under a "
         "line naming the processor and each library's BLAS (the ratios depend on both). Configs: "
         "copy, char-lm, large, long (char-lm's model over 1024 positions), long-seq2seq (the "
-        "encoder-decoder at char-lm's widths over 1000 positions); and gpt2, the 124M model "
-        "against Hugging Face transformers (training step, memory, generation).",
+        "encoder-decoder at char-lm's widths over 1000 positions), wide-seq2seq (the same over "
+        "heads of 64, as GPT-2's); and gpt2, the 124M model against Hugging Face transformers "
+        "(training step, memory, generation).",
     )
     bench.add_argument(
         "--configs",
         nargs="+",
-        choices=["copy", "char-lm", "large", "long", "long-seq2seq", "gpt2"],
-        default=["copy", "char-lm", "large", "long", "long-seq2seq"],
-        help="the workloads to time (default: copy char-lm large long long-seq2seq; gpt2, the "
-        "124M model against transformers, takes about three minutes more)",
+        choices=["copy", "char-lm", "large", "long", "long-seq2seq", "wide-seq2seq", "gpt2"],
+        default=["copy", "char-lm", "large", "long", "long-seq2seq", "wide-seq2seq"],
+        help="the workloads to time (default: copy char-lm large long long-seq2seq "
+        "wide-seq2seq; gpt2, the 124M model against transformers, takes about three minutes "
+        "more)",
     )
     bench.add_argument(
         "--steps",
         type=positive_int,
         default=40,
-        help="timed steps per config (default: 40); large times a fifth, gpt2 half (its "
-        "pairs disagree by 10-20 percent: fewer than 20 do not measure a few percent)",
+        help="timed steps per config (default: 40); large and wide-seq2seq time a fifth, gpt2 "
+        "half (its pairs disagree by 10-20 percent: fewer than 20 do not measure a few percent)",
     )
     bench.add_argument(
         "--threads",

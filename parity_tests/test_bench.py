@@ -174,10 +174,10 @@ def test_on_threads_sets_the_blas_and_the_engines_threads_and_puts_them_back():
 
 
 def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeypatch):
-    """bench.run with its measurements replaced by recorders: large times a fifth of the
-    steps (at least 3), the warm-up at most the steps; every measurement on the threads
-    asked for; memory probed over 2 steps for large, 5 for the others; the matmul floor
-    for the configs that have one."""
+    """bench.run with its measurements replaced by recorders: large and wide-seq2seq time a
+    fifth of the steps (at least 3), the warm-up at most the steps; every measurement on the
+    threads asked for; memory probed over 2 steps for those two, 5 for the others; the matmul
+    floor for the configs that have one."""
     import contextlib
 
     asked = []
@@ -200,26 +200,30 @@ def test_bench_run_gives_each_config_its_steps_threads_and_memory_probes(monkeyp
     monkeypatch.setattr(bench.workloads, "on_threads", on_threads)
     monkeypatch.setattr(bench, "time_config", time_config)
     monkeypatch.setattr(bench, "peak_memory_mb", peak_memory_mb)
-    readings = iter([40.0, 50.0, 45.0] * 3)  # before copy, after it, after large; each run
+    readings = iter([40.0, 50.0, 45.0, 42.0] * 3)  # before copy, after each config; each run
     monkeypatch.setattr(bench, "matmul_peak_gflops", lambda: next(readings))
     monkeypatch.setattr(bench, "numpy_calls", lambda cfg: 7)
     monkeypatch.setattr(bench, "matmul_floor", lambda cfg: {"floor": cfg.name})
     for steps, large_steps in ((40, 8), (15, 3), (10, 3)):
         asked.clear()
-        summary = bench.run(["copy", "large"], steps, warmup=5, threads=2, memory=True)
+        configs = ["copy", "large", "wide-seq2seq"]
+        summary = bench.run(configs, steps, warmup=5, threads=2, memory=True)
         assert asked == [
             "keep_freed_memory",
             ("torch", 2),
             ("threads", 2),
             ("copy", steps, 5, 2),
             ("large", large_steps, min(5, large_steps), 2),
+            ("wide-seq2seq", large_steps, min(5, large_steps), 2),
             ("copy", "engine", 5, 2),
             ("copy", "torch", 5, 2),
             ("large", "engine", 2, 2),
             ("large", "torch", 2, 2),
+            ("wide-seq2seq", "engine", 2, 2),
+            ("wide-seq2seq", "torch", 2, 2),
         ]
         assert summary["threads"] == 2 and summary["matmul_peak_gflops"] == 50.0  # the best
-        assert summary["matmul_peak_readings"] == [40.0, 50.0, 45.0]
+        assert summary["matmul_peak_readings"] == [40.0, 50.0, 45.0, 42.0]
         copy, large = summary["configs"]["copy"], summary["configs"]["large"]
         assert copy["steps_timed"] == steps and large["steps_timed"] == large_steps
         for row in (copy, large):
