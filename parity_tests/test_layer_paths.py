@@ -258,6 +258,32 @@ def test_blocks_of_any_mask_start_past_a_rows_group_bytes():
     assert A.query_blocks(both, (2, 4, 300, 300), 4, 16).stops == (109, 218, 290)
 
 
+def test_wider_heads_take_blocks_only_where_the_blocks_keep_at_most_wide_kept():
+    """Heads wider than NARROW_HEAD (64, as GPT-2's) at real sizes: blocks where their keys
+    stop early enough that they compute at most WIDE_KEPT (3/4) of the scores, else whole. A
+    seq2seq decoder's causal & padding mask keeps about half; a padding mask whose longest
+    row is whole keeps all; every row padded after 750 of 1000 keys keeps exactly 3/4."""
+    from numpy_engine import attention as A
+
+    assert A.WIDE_KEPT == 0.75
+    shape = (2, 4, 1000, 1000)  # float32: 16 KB a query, 32 queries a block
+    ids = np.ones((2, 1000), dtype=np.int64)
+    ids[1, 900:] = 0  # row 0 is whole
+    padding = masks.padding_visible(ids, 0)
+    decoder = A.query_blocks(masks.causal_visible(1000) & padding, shape, 4, 64)
+    assert decoder.stops == tuple(range(32, 1000, 32)) + (1000,) and not decoder.causal
+    assert A.query_blocks(padding, shape, 4, 64) is None
+    for kept, blocked in ((750, True), (751, False)):  # 3/4 of the scores, and one key more
+        ids[:, :kept], ids[:, kept:] = 1, 0
+        found = A.query_blocks(masks.padding_visible(ids, 0), shape, 4, 64)
+        assert (found is not None) == blocked
+        assert not blocked or found.stops == (750,) * 32
+    q = np.zeros((1, 2, 300, 64))  # float64, 2 heads: 1.4 MB of scores, 109 queries a block
+    both = masks.causal_visible(300) & masks.padding_visible(np.ones((1, 300), np.int64), 0)
+    assert A.attention_forward(q, q, q, both)[1].query_blocks.stops == (109, 218, 300)
+    assert A.attention_forward(q, q, q, None)[1].query_blocks is None
+
+
 def test_each_blocks_keys_stop_after_the_last_any_of_its_queries_sees(monkeypatch):
     """A block's stop is one past the last key a query of it sees, in any batch row or head,
     whatever axes the mask has ((Tq, Tk), (H, Tq, Tk), (B, H, Tq, Tk)): blocks of one query

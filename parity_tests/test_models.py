@@ -150,12 +150,15 @@ def test_gpt_past_two_query_blocks_matches_torch():
     check_model("MiniGPT by query blocks", model, (idx, targets), rng)
 
 
-def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypatch):
+@pytest.mark.parametrize("wide", [False, True], ids=["narrow heads", "wide heads"])
+def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypatch, wide):
     """370 source and 371 target positions over 2 heads: a batch row's scores pass
     attention.GROUP_BYTES (1 MiB) in float32 and float64, so every attention, the encoder's,
     the decoder's causal & padding and the cross-attention, runs by blocks of queries at the
     sizes training takes, each block's keys ending at the last one its queries see: against
-    the twin's, whose softmax sees every key. Rows padded at different lengths."""
+    the twin's, whose softmax sees every key. Rows padded at different lengths. With the
+    heads counted wide (NARROW_HEAD below their 3 numbers), only the decoder's blocks skip
+    enough keys (WIDE_KEPT): the encoder and the cross-attention run whole."""
     from numpy_engine import attention
 
     found = []  # each attention's blocks, as query_blocks chose them
@@ -166,6 +169,8 @@ def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypat
         return found[-1]
 
     monkeypatch.setattr(attention, "query_blocks", recorded)
+    if wide:
+        monkeypatch.setattr(attention, "NARROW_HEAD", 2)
     S, lengths = 370, [370, 301]
     config = ne.Seq2SeqConfig(vocab_size=7, d_model=6, n_heads=2, d_ff=5, dtype="float64")
     rng = np.random.default_rng(4)
@@ -176,11 +181,14 @@ def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypat
     model, rng = randomized_model(Seq2SeqCase(config, source, decoder_input, target, seed=4))
     model.forward(source, decoder_input)
     encoder, decoder, cross = found
-    assert all(len(blocks.rows) == 5 for blocks in found)  # 88 (float64) queries a block
-    assert encoder.stops == cross.stops == (S,) * 5  # row 0 sees every source key
-    assert decoder.stops == (88, 176, 264, 352, 371)  # causal: each block's end
+    assert decoder.stops == (88, 176, 264, 352, 371)  # causal: each block's end (88 queries)
+    if wide:  # the encoder's and the cross-attention's keys end where row 0's do: at S
+        assert encoder is None and cross is None
+    else:
+        assert encoder.stops == cross.stops == (S,) * 5
     check_model("Seq2SeqTransformer by query blocks", model, (source, decoder_input, target), rng)
-    assert [len(blocks.rows) for blocks in found[-3:]] == [3] * 3  # float32: 176-177 a block
+    float32_blocks = [blocks for blocks in found[-3:] if blocks is not None]
+    assert [len(blocks.rows) for blocks in float32_blocks] == [3] * (3 - 2 * wide)  # 176-177
 
 
 @pytest.mark.parametrize("kind", [ne.MiniGPT, ne.Seq2SeqTransformer])
