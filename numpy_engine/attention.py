@@ -236,15 +236,20 @@ QUERY_BLOCK = 64
 # in cache. Attention alone, forward and backward, one thread, float32, a padding mask,
 # (B, H, T, hs) = (2, 4, 1000, 16): 57.3 ms whole, 34.0 by blocks of 32 queries (512 KiB),
 # 39.3 by 64; hs 8: 49.2 -> 27.8; hs 32: 72.2 -> 54.9; hs 64 gained nothing (97.6 -> 103.3
-# by 32): its products outweigh the passes, and each block adds its share to dk and dv
-BLOCK_BYTES, NARROW_HEAD = 512 << 10, 32
+# by 32): its products outweigh the passes, and each block adds its share to dk and dv.
+# The block's size, in training steps over 1000 positions at batch 2 (4 heads, so 65
+# queries a block), alternating in one process, 1 MiB against 512 KiB: heads of 8 0.877,
+# of 32 0.902 and 0.952, of 16 1.003 and of 64 0.997; 2 MiB against 1 MiB at heads of 8
+# 1.102, 4 MiB 1.196
+BLOCK_BYTES, NARROW_HEAD = 1 << 20, 32
 
 # Wider heads take blocks only where the blocks' keys stop early enough to skip scores: the
-# blocks compute at most WIDE_KEPT of the (Tq, Tk) scores. Alone as above, (2, 4, 1000, 64):
-# a causal & padding mask (the seq2seq decoder's, about half kept) 107.9 -> 59.4 ms; every
-# row's last keys padding, 75% kept 102.5 -> 85.1, 65% 105.0 -> 77.9; at 85% and 95% kept
-# the two readings of each disagreed (whole 100.5-120.7, blocks 92.1-127.5). Causal &
-# padding at (2, 4, 1000, 128) 167.1 -> 108.4, at GPT-2's (1, 12, 1024, 64) 175.6 -> 104.8
+# blocks compute at most WIDE_KEPT of the (Tq, Tk) scores. Alone as above, blocks of 512 KiB,
+# (2, 4, 1000, 64): a causal & padding mask (the seq2seq decoder's, about half kept) 107.9
+# -> 59.4 ms (1 MiB blocks 59.9); every row's last keys padding, 75% kept 102.5 -> 85.1, 65%
+# 105.0 -> 77.9; at 85% and 95% kept the two readings of each disagreed (whole 100.5-120.7,
+# blocks 92.1-127.5). Causal & padding at (2, 4, 1000, 128) 167.1 -> 108.4, at GPT-2's
+# (1, 12, 1024, 64) 175.6 -> 104.8
 WIDE_KEPT = 0.75
 
 
@@ -265,11 +270,10 @@ def query_blocks(visible: np.ndarray | None, shape: tuple, itemsize: int, hs: in
     """The blocks attention over scores of `shape` (B, H, Tq, Tk) runs by, or None (whole):
     for causal_visible(T)'s own mask over more than two blocks' positions, QUERY_BLOCK
     queries, each block [a, b) against keys 0..b-1; for any other mask (or none), where one
-    batch row's scores outgrow GROUP_BYTES, BLOCK_BYTES of scores a block (GROUP_BYTES is
-    twice it: three blocks or more, unless one query's scores pass BLOCK_BYTES), each
-    against the keys up to the last any of its queries sees: for heads at most NARROW_HEAD
-    wide always, for wider ones where the blocks then compute at most WIDE_KEPT of the
-    scores."""
+    batch row's scores outgrow GROUP_BYTES, BLOCK_BYTES of scores a block (as much as
+    GROUP_BYTES: two blocks or more, unless one query's scores pass it), each against the
+    keys up to the last any of its queries sees: for heads at most NARROW_HEAD wide always,
+    for wider ones where the blocks then compute at most WIDE_KEPT of the scores."""
     H, Tq, Tk = shape[1:]
     if is_shared_causal(visible) and Tq == Tk:
         if Tq <= 2 * QUERY_BLOCK:

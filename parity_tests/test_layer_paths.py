@@ -232,30 +232,30 @@ def test_attention_by_query_blocks_under_any_mask_holds_to_torch_and_finite_diff
 
 def test_blocks_of_any_mask_start_past_a_rows_group_bytes():
     """The general rule at its real sizes: a batch row's scores past GROUP_BYTES (1 MiB), heads
-    of at most NARROW_HEAD, BLOCK_BYTES (512 KiB) of scores a block; each block's keys end
+    of at most NARROW_HEAD, BLOCK_BYTES (1 MiB) of scores a block; each block's keys end
     after the last any of its queries sees."""
     from numpy_engine import attention as A
 
-    assert A.GROUP_BYTES == 2 * A.BLOCK_BYTES == 1 << 20 and A.NARROW_HEAD == 32
-    found = A.query_blocks(None, (2, 4, 1000, 1000), 4, 16)  # 16 KB a query: 32 a block
-    assert found.rows[:2] == (slice(0, 32), slice(32, 64)) and found.rows[-1] == slice(992, 1000)
-    assert len(found.rows) == 32 and found.stops == (1000,) * 32 and not found.causal
+    assert A.GROUP_BYTES == A.BLOCK_BYTES == 1 << 20 and A.NARROW_HEAD == 32
+    found = A.query_blocks(None, (2, 4, 1000, 1000), 4, 16)  # 16 KB a query: 65 a block
+    assert found.rows[:2] == (slice(0, 65), slice(65, 130)) and found.rows[-1] == slice(975, 1000)
+    assert len(found.rows) == 16 and found.stops == (1000,) * 16 and not found.causal
     assert A.query_blocks(None, (2, 4, 1000, 1000), 4, 33) is None  # wider heads: whole
-    assert len(A.query_blocks(None, (2, 4, 1000, 1000), 4, 32).rows) == 32  # 32 wide: blocks
+    assert len(A.query_blocks(None, (2, 4, 1000, 1000), 4, 32).rows) == 16  # 32 wide: blocks
     for hs, blocked in ((16, True), (33, False)):  # attention reads the width off q's last axis
         q = np.zeros((1, 2, 300, hs))  # float64, 2 heads: 1.4 MB of scores
         assert (A.attention_forward(q, q, q, None)[1].query_blocks is not None) == blocked
-    cross = A.query_blocks(None, (2, 4, 100, 3000), 4, 16)  # 48 KB a query: 10 a block
-    assert cross.rows[0] == slice(0, 10) and len(cross.rows) == 10 and cross.stops[0] == 3000
+    cross = A.query_blocks(None, (2, 4, 100, 3000), 4, 16)  # 48 KB a query: 21 a block
+    assert cross.rows[0] == slice(0, 21) and len(cross.rows) == 5 and cross.stops[0] == 3000
     assert A.query_blocks(None, (2, 4, 256, 256), 4, 16) is None  # 1 MiB a row: whole
-    assert len(A.query_blocks(None, (2, 4, 257, 257), 4, 16).rows) == 3  # 127, 127, 3
-    assert len(A.query_blocks(None, (2, 4, 257, 257), 8, 16).rows) == 5  # float64: 63 a block
+    assert len(A.query_blocks(None, (2, 4, 257, 257), 4, 16).rows) == 2  # 255, 2
+    assert len(A.query_blocks(None, (2, 4, 257, 257), 8, 16).rows) == 3  # float64: 127 a block
     ids = np.ones((2, 300), dtype=np.int64)
     ids[0, 290:], ids[1, 280:] = 0, 0  # right padding: the longest row has 290 tokens
-    padded = A.query_blocks(masks.padding_visible(ids, 0), (2, 4, 300, 300), 4, 16)
-    assert padded.stops == (290, 290, 290)  # blocks of 109 queries
+    padded = A.query_blocks(masks.padding_visible(ids, 0), (2, 8, 300, 300), 4, 16)
+    assert padded.stops == (290, 290, 290)  # 8 heads: blocks of 109 queries
     both = masks.causal_visible(300) & masks.padding_visible(ids, 0)  # (2, 1, 300, 300)
-    assert A.query_blocks(both, (2, 4, 300, 300), 4, 16).stops == (109, 218, 290)
+    assert A.query_blocks(both, (2, 8, 300, 300), 4, 16).stops == (109, 218, 290)
 
 
 def test_wider_heads_take_blocks_only_where_the_blocks_keep_at_most_wide_kept():
@@ -266,19 +266,19 @@ def test_wider_heads_take_blocks_only_where_the_blocks_keep_at_most_wide_kept():
     from numpy_engine import attention as A
 
     assert A.WIDE_KEPT == 0.75
-    shape = (2, 4, 1000, 1000)  # float32: 16 KB a query, 32 queries a block
+    shape = (2, 4, 1000, 1000)  # float32: 16 KB a query, 65 queries a block
     ids = np.ones((2, 1000), dtype=np.int64)
     ids[1, 900:] = 0  # row 0 is whole
     padding = masks.padding_visible(ids, 0)
     decoder = A.query_blocks(masks.causal_visible(1000) & padding, shape, 4, 64)
-    assert decoder.stops == tuple(range(32, 1000, 32)) + (1000,) and not decoder.causal
+    assert decoder.stops == tuple(range(65, 1000, 65)) + (1000,) and not decoder.causal
     assert A.query_blocks(padding, shape, 4, 64) is None
     for kept, blocked in ((750, True), (751, False)):  # 3/4 of the scores, and one key more
         ids[:, :kept], ids[:, kept:] = 1, 0
         found = A.query_blocks(masks.padding_visible(ids, 0), shape, 4, 64)
         assert (found is not None) == blocked
-        assert not blocked or found.stops == (750,) * 32
-    q = np.zeros((1, 2, 300, 64))  # float64, 2 heads: 1.4 MB of scores, 109 queries a block
+        assert not blocked or found.stops == (750,) * 16
+    q = np.zeros((1, 4, 300, 64))  # float64, 4 heads: 2.9 MB of scores, 109 queries a block
     both = masks.causal_visible(300) & masks.padding_visible(np.ones((1, 300), np.int64), 0)
     assert A.attention_forward(q, q, q, both)[1].query_blocks.stops == (109, 218, 300)
     assert A.attention_forward(q, q, q, None)[1].query_blocks is None
