@@ -131,7 +131,7 @@ def test_default_models_at_their_own_init_match_torch():
 
 def test_gpt_past_two_query_blocks_matches_torch():
     """140 positions, past two attention.QUERY_BLOCKs of 64: each causal attention runs by
-    blocks of queries at the size it takes in training (test_layer_paths.py forces small
+    blocks of queries at the size it takes in training (test_query_blocks.py forces small
     ones), against the twin's, whose softmax sees every key a query. Padding targets too."""
     from numpy_engine.attention import QUERY_BLOCK
 
