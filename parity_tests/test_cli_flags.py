@@ -196,3 +196,17 @@ def test_more_micro_batches_than_a_batch_has_rows_are_refused_before_any_file(tm
     expected = "accumulate=5 is more micro-batches than a batch of batch_size=4 rows makes"
     assert f"{expected}: at most 4, of one row each" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_bench_offers_every_workload_and_times_them_all_by_default():
+    """`bench --configs` lists its workloads by hand (the command line does not import the
+    benchmarks): each of benchmarks/workloads.py's is taken, and is a default, and gpt2 is
+    taken; a name that is not one is refused."""
+    from benchmarks.workloads import WORKLOADS
+
+    parser = crosscheck_parser()
+    assert parser.parse_args(["bench"]).configs == list(WORKLOADS)
+    every = [*WORKLOADS, "gpt2"]
+    assert parser.parse_args(["bench", "--configs", *every]).configs == every
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--configs", "wide"])
