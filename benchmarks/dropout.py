@@ -1,6 +1,6 @@
 """What dropout costs a training step: the engine's against torch's, in one run.
 
-One workload of benchmarks/workloads.py (copy, char-lm or large), or gpt2 (benchmarks/gpt2.py:
+One workload of benchmarks/workloads.py (copy, char-lm, large, ...), or gpt2 (benchmarks/gpt2.py:
 the real size, batch 4 x 64, against transformers' GPT2LMHeadModel in eval and in training
 mode), float32, one thread. Four
 sides take their steps in turns, each on the same batches: the engine without dropout and
@@ -127,8 +127,9 @@ def main(argv: list[str] | None = None) -> None:
         "--config",
         choices=[*WORKLOADS, gpt2.WORKLOAD],
         default="char-lm",
-        help="the workload: copy, char-lm or large of benchmarks/workloads.py, or gpt2, the "
-        "124M model against transformers (~6 GB) (default: char-lm)",
+        help="the workload: one of benchmarks/workloads.py (copy, char-lm, large, long, "
+        "long-seq2seq, wide-seq2seq), or gpt2, the 124M model against transformers (~6 GB) "
+        "(default: char-lm)",
     )
     parser.add_argument(
         "--rate", type=dropout_rate, default=0.1, help="every site's rate (default: 0.1)"
