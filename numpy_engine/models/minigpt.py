@@ -305,7 +305,8 @@ class CachedGPTDecoder:
         self._logits = self._run(window)
 
     def _run(self, new_ids: np.ndarray) -> np.ndarray:
-        """Feed new_ids (B, n) at positions length .. length + n - 1; logits of the last."""
+        """Feed new_ids (B, n) at positions length .. length + n - 1; logits of the last.
+        Several ids only at length 0 (_prefill), one a decoding step (append)."""
         cfg, p = self.model.config, self.model.params
         start, n = self.length, new_ids.shape[1]
         x = p["tok_embed.weight"][new_ids] + p["pos_embed.weight"][start : start + n]  # (B, n, C)
