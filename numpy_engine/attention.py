@@ -343,8 +343,12 @@ def _mask_block(scores, hidden, rows: slice, causal: bool) -> None:
 def _blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple) -> None:
     """_group_backward block by block of queries (query_blocks), into out's (dq, dk, dv). The
     last block's products write dk and dv (zero past its stop), and each block before it
-    adds its share to the rows of the keys it sees."""
-    dq, dk, dv = out
+    adds its share to the rows of the keys it sees. Those adds run on contiguous arrays,
+    copied into dk and dv at the end where those are views: into split_heads' view of a
+    merged gradient (rows of hs, C apart) an add of (1, 8, 1000, 32) took 129 us, against
+    25 into a contiguous array (float32, one thread)."""
+    dq, dk_out, dv_out = out
+    dk, dv = (x if x.flags.c_contiguous else np.empty(x.shape, x.dtype) for x in out[1:])
     v_t, keys = scaled_transpose(v), centered_keys(k)  # as _group_backward's, once
     for i, (rows, stop) in enumerate(reversed(blocks.pairs())):
         block_weights = weights[:, :, rows, :stop]  # (n, H, b - a, stop)
@@ -363,6 +367,9 @@ def _blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple
         else:  # keys 0..stop-1 fed these queries too: their gradients add (a fork)
             dv[:, :, :stop] += dropped_t @ block_dy
             dk[:, :, :stop] += s_dscores.swapaxes(-1, -2) @ q[:, :, rows]
+    for summed, target in ((dk, dk_out), (dv, dv_out)):
+        if summed is not target:
+            target[...] = summed
 
 
 def centered_keys(k: np.ndarray) -> np.ndarray:

@@ -205,3 +205,28 @@ def test_attention_by_query_blocks_equals_the_whole_scores(
         np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-14 * np.abs(whole).max())
     if mask == "causal & padding":
         assert not pairs[3][0][:, :, 6].any() and not pairs[4][0][:, :, 6].any()  # dk, dv
+
+
+@pytest.mark.parametrize("mask", ["shared causal", "padding"])
+def test_blocks_backward_into_views_of_merged_gradients_gives_the_same_bits(monkeypatch, mask):
+    """Multi-head attention passes the backward views of merged (B, T, C) gradients as out
+    (split_heads): the blocks sum dk and dv in contiguous arrays and copy them in at the end.
+    Into views that start as NaN, the same bits as into new arrays, every entry written."""
+    from numpy_engine import attention as A
+    from numpy_engine.multihead import split_heads
+
+    monkeypatch.setattr(A, "QUERY_BLOCK", 2)
+    force_blocks_of_any_mask(monkeypatch, A, 3, 7, 4)  # 2 float64 queries a block
+    rng = np.random.default_rng(5)
+    B, H, T, hs = 2, 3, 7, 4
+    q, k, v, dy = (rng.standard_normal((B, H, T, hs)) for _ in range(4))
+    ids = np.array([[3, 4, 5, 6, 7, 0, 0], [3, 4, 5, 6, 0, 0, 0]])
+    visible = masks.causal_visible(T) if mask == "shared causal" else masks.padding_visible(ids, 0)
+    _, cache = A.attention_forward(q, k, v, visible)
+    assert len(cache.query_blocks.rows) == 4
+    merged = [np.full((B, T, H * hs), np.nan) for _ in range(3)]
+    views = tuple(split_heads(m, H) for m in merged)
+    assert not any(view.flags.c_contiguous for view in views)
+    A.attention_backward(dy, cache, out=views)
+    for view, new in zip(views, A.attention_backward(dy, cache), strict=True):
+        assert np.array_equal(view, new)  # no NaN left, and the same bits
