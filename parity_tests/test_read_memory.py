@@ -7,10 +7,12 @@ test_step_memory.py."""
 
 from __future__ import annotations
 
+import ctypes
 import tracemalloc
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from numpy_engine import checkpoint as checkpoint_module
 from numpy_engine import memory, train
@@ -19,6 +21,18 @@ from numpy_engine.configs import REFERENCE_RUNS
 from numpy_engine.loop import Checkpointing
 from numpy_engine.models import GPT2, GPT2Config
 from numpy_engine.optim import AdamW
+
+
+@pytest.fixture(autouse=True)
+def glibcs_own_malloc_settings():
+    """These tests read as `generate` and a resumed run read, under glibc's own settings
+    (the run reads its checkpoint before memory.keep_freed_memory), which a test before
+    them in this process may have changed: mallopt is process-wide. glibc's defaults: maps
+    arrays over 128 KiB, up to 65536 of them, and trims a free top over 128 KiB."""
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    for option, default in ((-4, 65536), (-3, 128 * 1024), (-1, 128 * 1024)):
+        assert mallopt(option, default) == 1  # M_MMAP_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
 def test_a_resumed_run_holds_the_moments_once(tmp_path):
@@ -61,12 +75,14 @@ def test_a_resumed_optimizer_and_its_checkpoint_never_hold_the_moments_whole_at_
     (load_state_dict(consume=True)): the two sets of moments are never both whole in memory.
     Both were, before: a resumed 124M GPT-2's peak RSS 2472 MB, 2274 now (a new run's 2275).
     Two parameters of 40 MiB each, so that their arrays are mapped apart from the heap
-    (glibc maps arrays over 32 MiB) and go back to the system when freed."""
+    (glibc maps arrays over 128 KiB) and go back to the system when freed. In the command's
+    order: the checkpoint read, then malloc told to keep freed memory, then the optimizer."""
     entries = 10 * 2**20  # 40 MiB of float32
     params = {key: np.zeros(entries, np.float32) for key in ("a", "b")}
     saved = AdamW(params).state_dict()
     saved = {key: np.full_like(value, 0.5) for key, value in saved.items() if key != "step"}
     saved["step"] = np.array(3)
+    memory.keep_freed_memory()
     reset_peak()
     start = resident_mib("VmRSS")
     optimizer = AdamW(params)
