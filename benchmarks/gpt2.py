@@ -174,8 +174,10 @@ def decoding_path() -> str | None:
 
 
 def memory_probe(side: str) -> None:
-    """Print the peak RSS (MiB) of two training steps of one side, in this fresh process."""
-    keep_freed_memory()
+    """Print the peak RSS (MiB) of two training steps of one side, in this fresh process;
+    torch's under glibc's own malloc settings, as bench.torch_memory_probe."""
+    if side == "engine":
+        keep_freed_memory()
     model = engine_model()
     trainer = EngineTrainer(model) if side == "engine" else TorchTrainer(model)
     if side == "torch":

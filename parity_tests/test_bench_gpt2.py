@@ -202,3 +202,34 @@ def test_gpt2_memory_probe_runs_each_side_in_a_fresh_process_on_its_threads(monk
     for (_, kwargs), threads in zip(runs, ("2", "3"), strict=True):
         assert kwargs["env"]["OPENBLAS_NUM_THREADS"] == kwargs["env"]["OMP_NUM_THREADS"] == threads
         assert kwargs["check"] is True and kwargs["capture_output"] and kwargs["text"]
+
+
+def test_memory_probes_keep_freed_memory_for_the_engine_alone(monkeypatch, capsys):
+    """keep_freed_memory is the engine's choice, and it raised torch's peaks: each probe of
+    the engine sets it, each of torch's leaves glibc's own settings. The copy workload's
+    probes run for real over one step; GPT-2's with its model and trainers replaced."""
+    from benchmarks import bench, workloads
+
+    kept = []
+    for module in (bench, workloads, gpt2):
+        monkeypatch.setattr(module, "keep_freed_memory", lambda m=module: kept.append(m))
+    monkeypatch.setattr(bench.torch, "set_num_threads", lambda n: None)  # the test's process
+    workloads.engine_memory_probe("copy", 1)
+    bench.torch_memory_probe("copy", 1, 1)
+
+    class Trainer:
+        def __init__(self, model):
+            assert model == "model"
+
+        def step(self, batch):
+            kept.append(batch)
+
+    monkeypatch.setattr(gpt2, "engine_model", lambda: "model")
+    monkeypatch.setattr(gpt2, "EngineTrainer", Trainer)
+    monkeypatch.setattr(gpt2, "TorchTrainer", Trainer)
+    monkeypatch.setattr(gpt2, "batches", lambda n: [f"batch {i}" for i in range(n)])
+    gpt2.memory_probe("engine")
+    gpt2.memory_probe("torch")
+    assert kept == [workloads, gpt2, "batch 0", "batch 1", "batch 0", "batch 1"]
+    peaks = [float(line) for line in capsys.readouterr().out.split()]
+    assert len(peaks) == 4 and min(peaks) > 0
