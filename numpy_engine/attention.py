@@ -252,6 +252,18 @@ BLOCK_BYTES, NARROW_HEAD = 1 << 20, 32
 # (1, 12, 1024, 64) 175.6 -> 104.8
 WIDE_KEPT = 0.75
 
+# Heads at least ONE_HEAD_WIDTH wide, where every block would stop at the same key (no mask,
+# padding: nothing to skip), take blocks of one head and more queries, wider heads too: the
+# products then run on 262 queries of a head, not 32 of 8 heads. Products alone, one thread,
+# float32, 1000 keys, 8 heads of 32 queries against one of 256: heads of 32 196, 212 and 205
+# us -> 173, 180 and 185 (q k^T, w v, w^T q), of 64 377, 398, 379 -> 327, 333, 338. Training
+# steps, benchmarks.ab against blocks of every head: wide-seq2seq 0.956 (its padding masks
+# had run whole); the encoder-decoder over 1000 positions at batch 2, heads of 32 (d_model
+# 256 in 8, 128 in 4) 0.953 and 0.978, of 16 (long-seq2seq; d_model 64 over 2000 at batch
+# 1) 0.984-0.990 and 0.967, of 8 (copy's model) 1.151: narrower heads keep every head
+ALL_HEADS = (slice(None),)
+ONE_HEAD_WIDTH = 16
+
 
 class QueryBlocks(NamedTuple):
     """Blocks of queries, each computed against keys 0..stop-1 alone: every key past its
@@ -260,6 +272,7 @@ class QueryBlocks(NamedTuple):
     rows: tuple  # slices of the query axis, in order, covering it
     stops: tuple  # each block's keys: 0..stop-1
     causal: bool  # the shared causal mask: a block [a, b)'s keys 0..a-1 are all visible
+    heads: tuple = ALL_HEADS  # groups of heads, each run by every block of rows in turn
 
     def pairs(self) -> list[tuple[slice, int]]:
         """(rows, stop) of each block, in order."""
@@ -272,8 +285,10 @@ def query_blocks(visible: np.ndarray | None, shape: tuple, itemsize: int, hs: in
     queries, each block [a, b) against keys 0..b-1; for any other mask (or none), where one
     batch row's scores outgrow GROUP_BYTES, BLOCK_BYTES of scores a block (as much as
     GROUP_BYTES: two blocks or more, unless one query's scores pass it), each against the
-    keys up to the last any of its queries sees: for heads at most NARROW_HEAD wide always,
-    for wider ones where the blocks then compute at most WIDE_KEPT of the scores."""
+    keys up to the last any of its queries sees: of one head where every block would stop
+    at the same key and heads are at least ONE_HEAD_WIDTH wide; else of every head, for
+    heads at most NARROW_HEAD wide always, for wider ones where the blocks then compute at
+    most WIDE_KEPT of the scores."""
     H, Tq, Tk = shape[1:]
     if is_shared_causal(visible) and Tq == Tk:
         if Tq <= 2 * QUERY_BLOCK:
@@ -285,6 +300,10 @@ def query_blocks(visible: np.ndarray | None, shape: tuple, itemsize: int, hs: in
         return None
     rows = tuple(slices(Tq, row_bytes, BLOCK_BYTES))
     stops = _key_stops(visible, rows, Tk)
+    if hs >= ONE_HEAD_WIDTH and len(set(stops)) == 1:  # nothing to skip: one head a block
+        rows = tuple(slices(Tq, Tk * itemsize, BLOCK_BYTES))
+        heads = tuple(slice(h, h + 1) for h in range(H))
+        return QueryBlocks(rows, stops[:1] * len(rows), causal=False, heads=heads)
     if hs > NARROW_HEAD and _kept_share(rows, stops, Tk) > WIDE_KEPT:
         return None
     return QueryBlocks(rows, stops, causal=False)
@@ -312,8 +331,21 @@ def _key_stops(visible: np.ndarray | None, rows: tuple, Tk: int) -> tuple:
 
 def _blocks_forward(q, k, v, hidden, blocks: QueryBlocks, weights, y, drop) -> None:
     """_weights and weights @ v for a group of batch rows, block by block of queries
-    (query_blocks), into weights and y. hidden: the group's, as hidden_scores gives it, a
-    limit reshaped to (Tq or 1, Tk)."""
+    (query_blocks), into weights and y, a group of heads at a time. hidden: the group's, as
+    hidden_scores gives it, a limit reshaped to (Tq or 1, Tk)."""
+    for h in blocks.heads:
+        arrays = (q[:, h], k[:, h], v[:, h], _heads_of(hidden, h))
+        _head_blocks_forward(*arrays, blocks, weights[:, h], y[:, h], _heads_of(drop, h))
+
+
+def _heads_of(x, heads: slice):
+    """x's heads `heads`, where it has a head axis of its own (a 4-D mask or dropout mask
+    made per head); else x (None, a limit, a mask shared by the heads)."""
+    return x[:, heads] if x is not None and x.ndim == 4 and x.shape[1] > 1 else x
+
+
+def _head_blocks_forward(q, k, v, hidden, blocks: QueryBlocks, weights, y, drop) -> None:
+    """_blocks_forward for one group of heads."""
     k_t = scaled_transpose(k)  # (n, H, hs, Tk)
     for rows, stop in blocks.pairs():
         scores = q[:, :, rows] @ k_t[..., :stop]  # (n, H, b - a, stop): the keys they see
@@ -341,8 +373,16 @@ def _mask_block(scores, hidden, rows: slice, causal: bool) -> None:
 
 
 def _blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple) -> None:
-    """_group_backward block by block of queries (query_blocks), into out's (dq, dk, dv). The
-    last block's products write dk and dv (zero past its stop), and each block before it
+    """_group_backward block by block of queries (query_blocks), into out's (dq, dk, dv), a
+    group of heads at a time."""
+    for h in blocks.heads:
+        arrays = (dy[:, h], q[:, h], k[:, h], v[:, h], weights[:, h], _heads_of(drop, h))
+        _head_blocks_backward(*arrays, blocks, tuple(d[:, h] for d in out))
+
+
+def _head_blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple) -> None:
+    """_blocks_backward for one group of heads. The last block's products write dk and dv
+    (zero past its stop), and each block before it
     adds its share to the rows of the keys it sees. Those adds run on contiguous arrays,
     copied into dk and dv at the end where those are views: into split_heads' view of a
     merged gradient (rows of hs, C apart) an add of (1, 8, 1000, 32) took 129 us, against

@@ -150,15 +150,24 @@ def test_gpt_past_two_query_blocks_matches_torch():
     check_model("MiniGPT by query blocks", model, (idx, targets), rng)
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["narrow heads", "wide heads"])
-def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypatch, wide):
+HEAD_RULES = {  # (NARROW_HEAD, ONE_HEAD_WIDTH) for the 3-wide heads of the test below
+    "every head a block": (32, 16),
+    "one head a block": (32, 2),
+    "wide heads": (2, 2),
+}
+
+
+@pytest.mark.parametrize("rule", list(HEAD_RULES))
+def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypatch, rule):
     """370 source and 371 target positions over 2 heads: a batch row's scores pass
     attention.GROUP_BYTES (1 MiB) in float32 and float64, so every attention, the encoder's,
     the decoder's causal & padding and the cross-attention, runs by blocks of queries at the
     sizes training takes, each block's keys ending at the last one its queries see: against
-    the twin's, whose softmax sees every key. Rows padded at different lengths. With the
-    heads counted wide (NARROW_HEAD below their 3 numbers), only the decoder's blocks skip
-    enough keys (WIDE_KEPT): the encoder and the cross-attention run whole."""
+    the twin's, whose softmax sees every key. Rows padded at different lengths. The heads'
+    width counted under each rule of query_blocks: below ONE_HEAD_WIDTH, every attention by
+    blocks of both heads; at it, the encoder and the cross-attention (whose blocks all stop
+    at S) by blocks of one head; counted wide too (past NARROW_HEAD), the decoder's blocks of
+    both heads only where they skip enough keys (WIDE_KEPT): in float64, not float32."""
     from numpy_engine import attention
 
     found = []  # each attention's blocks, as query_blocks chose them
@@ -169,8 +178,9 @@ def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypat
         return found[-1]
 
     monkeypatch.setattr(attention, "query_blocks", recorded)
-    if wide:
-        monkeypatch.setattr(attention, "NARROW_HEAD", 2)
+    narrow_head, one_head_width = HEAD_RULES[rule]
+    monkeypatch.setattr(attention, "NARROW_HEAD", narrow_head)
+    monkeypatch.setattr(attention, "ONE_HEAD_WIDTH", one_head_width)
     S, lengths = 370, [370, 301]
     config = ne.Seq2SeqConfig(vocab_size=7, d_model=6, n_heads=2, d_ff=5, dtype="float64")
     rng = np.random.default_rng(4)
@@ -182,14 +192,19 @@ def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypat
     model.forward(source, decoder_input)
     encoder, decoder, cross = found
     assert decoder.stops == (176, 352, 371)  # causal: each block's end (176 queries)
-    if wide:  # the encoder's and the cross-attention's keys end where row 0's do: at S
-        assert encoder is None and cross is None
-    else:
+    assert decoder.heads == attention.ALL_HEADS
+    if rule == "every head a block":  # the encoder's and the cross-attention's keys end at S
         assert encoder.stops == cross.stops == (S,) * 3
+        assert encoder.heads == cross.heads == attention.ALL_HEADS
+    else:  # one head's scores: 354 float64 queries a block
+        assert encoder.stops == cross.stops == (S, S) and encoder.rows[0] == slice(0, 354)
+        assert encoder.heads == cross.heads == (slice(0, 1), slice(1, 2))
     check_model("Seq2SeqTransformer by query blocks", model, (source, decoder_input, target), rng)
     float32_blocks = [blocks for blocks in found[-3:] if blocks is not None]
-    # float32: 353-354 queries a block, two blocks; the decoder's then keep 95% of its scores
-    assert [len(blocks.rows) for blocks in float32_blocks] == ([] if wide else [2, 2, 2])
+    # float32: 353-354 queries a block of both heads, two blocks (the decoder's then keep 95%
+    # of its scores), or one block of a head's 370
+    rows = {"every head a block": [2, 2, 2], "one head a block": [1, 2, 1], "wide heads": [1, 1]}
+    assert [len(blocks.rows) for blocks in float32_blocks] == rows[rule]
 
 
 @pytest.mark.parametrize("kind", [ne.MiniGPT, ne.Seq2SeqTransformer])

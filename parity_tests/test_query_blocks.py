@@ -31,7 +31,7 @@ def test_causal_attention_by_query_blocks_holds_to_torch_and_finite_differences(
     case = cases.attention(rng, 2, 3, T, T, 4, "shared causal")
     _, cache = case.forward(case.inputs)
     rows = tuple(slice(a, min(a + block, T)) for a in range(0, T, block))
-    assert cache.query_blocks == (rows, tuple(r.stop for r in rows), True)
+    assert cache.query_blocks == (rows, tuple(r.stop for r in rows), True, A.ALL_HEADS)
     assert not np.triu(cache.weights, 1).any()
     check_layer(case, rng)
 
@@ -52,6 +52,7 @@ def test_causal_blocks_start_past_two_blocks_of_queries():
         (slice(0, n), slice(n, 2 * n), slice(2 * n, 2 * n + 1)),
         (n, 2 * n, 2 * n + 1),
         True,
+        A.ALL_HEADS,
     )
     assert len(found(masks.causal_visible(5 * n), 5 * n).rows) == 5
     assert found(np.array(masks.causal_visible(3 * n)), 3 * n) is None  # a copy: not shared
@@ -65,25 +66,35 @@ def force_blocks_of_any_mask(monkeypatch, A, H: int, Tk: int, queries: int) -> N
     monkeypatch.setattr(A, "BLOCK_BYTES", queries * H * Tk * 4)
 
 
+@pytest.mark.parametrize("heads", ["every head", "one head"])
 @pytest.mark.parametrize(
     "kind, Tq, Tk",
     [("padding", 9, 7), ("random", 7, 6), ("random", 2, 5), ("causal", 8, 8), ("none", 5, 9)],
 )
 def test_attention_by_query_blocks_under_any_mask_holds_to_torch_and_finite_differences(
-    monkeypatch, kind, Tq, Tk
+    monkeypatch, kind, Tq, Tk, heads
 ):
     """Past GROUP_BYTES of a batch row's scores, under any mask but the shared causal one,
     attention runs by blocks of queries, each against the keys up to the last one any of
     its queries sees (query_blocks): forced here onto blocks of 2 queries (float32) and of
     1 (float64), held to both witnesses. A causal mask of its own array stops each block's
-    keys at the block's end; padding, at the longest row's."""
+    keys at the block's end; padding, at the longest row's. With the heads counted at least
+    ONE_HEAD_WIDTH, the masks whose blocks all stop at the same key (every mask here but the
+    causal one) take blocks of one head, of 3 float64 queries; the causal, of every head."""
     from numpy_engine import attention as A
 
     force_blocks_of_any_mask(monkeypatch, A, 3, Tk, 2)
+    if heads == "one head":
+        monkeypatch.setattr(A, "ONE_HEAD_WIDTH", 4)
     rng = np.random.default_rng(Tq * Tk)
     case = cases.attention(rng, 2, 3, Tq, Tk, 4, kind)
     _, cache = case.forward(case.inputs)
-    assert cache.query_blocks.rows == tuple(slice(t, t + 1) for t in range(Tq))
+    if heads == "one head" and kind != "causal":
+        assert cache.query_blocks.rows == tuple(slice(t, min(t + 3, Tq)) for t in range(0, Tq, 3))
+        assert cache.query_blocks.heads == (slice(0, 1), slice(1, 2), slice(2, 3))
+    else:
+        assert cache.query_blocks.rows == tuple(slice(t, t + 1) for t in range(Tq))
+        assert cache.query_blocks.heads == A.ALL_HEADS
     if kind == "causal":
         assert cache.query_blocks.stops == tuple(range(1, Tq + 1))
         assert not np.triu(cache.weights, 1).any()
@@ -91,57 +102,70 @@ def test_attention_by_query_blocks_under_any_mask_holds_to_torch_and_finite_diff
 
 
 def test_blocks_of_any_mask_start_past_a_rows_group_bytes():
-    """The general rule at its real sizes: a batch row's scores past GROUP_BYTES (1 MiB), heads
-    of at most NARROW_HEAD, BLOCK_BYTES (1 MiB) of scores a block; each block's keys end
-    after the last any of its queries sees."""
+    """The general rule at its real sizes: a batch row's scores past GROUP_BYTES (1 MiB),
+    BLOCK_BYTES (1 MiB) of scores a block; each block's keys end after the last any of its
+    queries sees. Heads narrower than ONE_HEAD_WIDTH (16) take blocks of every head; heads at
+    least that wide, blocks of one head where every block would stop at the same key."""
     from numpy_engine import attention as A
 
-    assert A.GROUP_BYTES == A.BLOCK_BYTES == 1 << 20 and A.NARROW_HEAD == 32
-    found = A.query_blocks(None, (2, 4, 1000, 1000), 4, 16)  # 16 KB a query: 65 a block
+    assert A.GROUP_BYTES == A.BLOCK_BYTES == 1 << 20 and A.ONE_HEAD_WIDTH == 16
+    found = A.query_blocks(None, (2, 4, 1000, 1000), 4, 8)  # 16 KB a query: 65 a block
     assert found.rows[:2] == (slice(0, 65), slice(65, 130)) and found.rows[-1] == slice(975, 1000)
     assert len(found.rows) == 16 and found.stops == (1000,) * 16 and not found.causal
-    assert A.query_blocks(None, (2, 4, 1000, 1000), 4, 33) is None  # wider heads: whole
-    assert len(A.query_blocks(None, (2, 4, 1000, 1000), 4, 32).rows) == 16  # 32 wide: blocks
-    for hs, blocked in ((16, True), (33, False)):  # attention reads the width off q's last axis
+    assert found.heads == A.ALL_HEADS
+    one_head = tuple(slice(h, h + 1) for h in range(4))
+    for hs in (16, 32, 64):  # a head's 4 KB a query: 262 a block
+        found = A.query_blocks(None, (2, 4, 1000, 1000), 4, hs)
+        assert found.rows == (slice(0, 262), slice(262, 524), slice(524, 786), slice(786, 1000))
+        assert found.stops == (1000,) * 4 and found.heads == one_head
+    for hs, heads in ((8, A.ALL_HEADS), (16, one_head[:2])):  # the width: q's last axis
         q = np.zeros((1, 2, 300, hs))  # float64, 2 heads: 1.4 MB of scores
-        assert (A.attention_forward(q, q, q, None)[1].query_blocks is not None) == blocked
-    cross = A.query_blocks(None, (2, 4, 100, 3000), 4, 16)  # 48 KB a query: 21 a block
+        assert A.attention_forward(q, q, q, None)[1].query_blocks.heads == heads
+    cross = A.query_blocks(None, (2, 4, 100, 3000), 4, 8)  # 48 KB a query: 21 a block
     assert cross.rows[0] == slice(0, 21) and len(cross.rows) == 5 and cross.stops[0] == 3000
     assert A.query_blocks(None, (2, 4, 256, 256), 4, 16) is None  # 1 MiB a row: whole
-    assert len(A.query_blocks(None, (2, 4, 257, 257), 4, 16).rows) == 2  # 255, 2
-    assert len(A.query_blocks(None, (2, 4, 257, 257), 8, 16).rows) == 3  # float64: 127 a block
+    assert len(A.query_blocks(None, (2, 4, 257, 257), 4, 8).rows) == 2  # 255, 2
+    assert len(A.query_blocks(None, (2, 4, 257, 257), 8, 8).rows) == 3  # float64: 127 a block
     ids = np.ones((2, 300), dtype=np.int64)
     ids[0, 290:], ids[1, 280:] = 0, 0  # right padding: the longest row has 290 tokens
-    padded = A.query_blocks(masks.padding_visible(ids, 0), (2, 8, 300, 300), 4, 16)
+    padding = masks.padding_visible(ids, 0)
+    padded = A.query_blocks(padding, (2, 8, 300, 300), 4, 8)
     assert padded.stops == (290, 290, 290)  # 8 heads: blocks of 109 queries
-    both = masks.causal_visible(300) & masks.padding_visible(ids, 0)  # (2, 1, 300, 300)
-    assert A.query_blocks(both, (2, 8, 300, 300), 4, 16).stops == (109, 218, 290)
+    padded = A.query_blocks(padding, (2, 8, 300, 300), 4, 16)  # one head: all 300 queries
+    assert padded.rows == (slice(0, 300),) and padded.stops == (290,) and len(padded.heads) == 8
+    both = masks.causal_visible(300) & padding  # (2, 1, 300, 300): the stops differ
+    found = A.query_blocks(both, (2, 8, 300, 300), 4, 16)
+    assert found.stops == (109, 218, 290) and found.heads == A.ALL_HEADS
 
 
-def test_wider_heads_take_blocks_only_where_the_blocks_keep_at_most_wide_kept():
-    """Heads wider than NARROW_HEAD (64, as GPT-2's) at real sizes: blocks where their keys
-    stop early enough that they compute at most WIDE_KEPT (3/4) of the scores, else whole. A
-    seq2seq decoder's causal & padding mask keeps about half; a padding mask whose longest
-    row is whole keeps all; every row padded after 750 of 1000 keys keeps exactly 3/4."""
+def test_wider_heads_take_blocks_of_every_head_only_where_they_keep_at_most_wide_kept():
+    """Heads wider than NARROW_HEAD (64, as GPT-2's) at real sizes, where the blocks would
+    stop at different keys: blocks of every head where those compute at most WIDE_KEPT (3/4)
+    of the scores, else whole. A seq2seq decoder's causal & padding mask keeps about half.
+    Queries 0..519 seeing keys 0..K-1 and the others every key keep (520 K + 480 x 1000) /
+    10^6: blocks at K = 519, whole at 520. Where every block would stop at the same key, one
+    head a block (the test above)."""
     from numpy_engine import attention as A
 
-    assert A.WIDE_KEPT == 0.75
-    shape = (2, 4, 1000, 1000)  # float32: 16 KB a query, 65 queries a block
+    assert A.WIDE_KEPT == 0.75 and A.NARROW_HEAD == 32
+    shape = (2, 4, 1000, 1000)  # float32: 16 KB a query, 65 queries a block of every head
     ids = np.ones((2, 1000), dtype=np.int64)
-    ids[1, 900:] = 0  # row 0 is whole
-    padding = masks.padding_visible(ids, 0)
-    decoder = A.query_blocks(masks.causal_visible(1000) & padding, shape, 4, 64)
+    ids[1, 900:] = 0
+    decoder = A.query_blocks(
+        masks.causal_visible(1000) & masks.padding_visible(ids, 0), shape, 4, 64
+    )
     assert decoder.stops == tuple(range(65, 1000, 65)) + (1000,) and not decoder.causal
-    assert A.query_blocks(padding, shape, 4, 64) is None
-    for kept, blocked in ((750, True), (751, False)):  # 3/4 of the scores, and one key more
-        ids[:, :kept], ids[:, kept:] = 1, 0
-        found = A.query_blocks(masks.padding_visible(ids, 0), shape, 4, 64)
+    assert decoder.heads == A.ALL_HEADS
+    for keys, blocked in ((519, True), (520, False)):  # 520 = 8 blocks of 65 queries
+        visible = np.ones((1, 1, 1000, 1000), dtype=bool)
+        visible[..., :520, keys:] = False
+        found = A.query_blocks(visible, shape, 4, 64)
         assert (found is not None) == blocked
-        assert not blocked or found.stops == (750,) * 16
+        assert not blocked or found.stops == (keys,) * 8 + (1000,) * 8
+    assert A.query_blocks(visible, shape, 4, 32).stops == (520,) * 8 + (1000,) * 8  # narrow
     q = np.zeros((1, 4, 300, 64))  # float64, 4 heads: 2.9 MB of scores, 109 queries a block
     both = masks.causal_visible(300) & masks.padding_visible(np.ones((1, 300), np.int64), 0)
     assert A.attention_forward(q, q, q, both)[1].query_blocks.stops == (109, 218, 300)
-    assert A.attention_forward(q, q, q, None)[1].query_blocks is None
 
 
 def test_each_blocks_keys_stop_after_the_last_any_of_its_queries_sees(monkeypatch):
