@@ -254,3 +254,31 @@ def test_blocks_backward_into_views_of_merged_gradients_gives_the_same_bits(monk
     A.attention_backward(dy, cache, out=views)
     for view, new in zip(views, A.attention_backward(dy, cache), strict=True):
         assert np.array_equal(view, new)  # no NaN left, and the same bits
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 1, 7, 7), (3, 2, 1, 7), (3, 2, 7, 7), (1, 1, 7, 7)])
+def test_one_head_blocks_take_each_heads_part_of_a_mask_and_of_dropout(monkeypatch, mask_shape):
+    """Blocks of one head read a mask's head axis where it has one of its own (2 heads here)
+    and broadcast the mask where it has not (shared by the heads, or by every batch row too:
+    a limit), and read the dropout mask's heads: the whole scores' values, float64."""
+    from numpy_engine import attention as A
+    from numpy_engine.dropout import Dropout
+
+    rng = np.random.default_rng(sum(mask_shape))
+    B, H, T, hs = 3, 2, 7, 4
+    q, k, v, dy = (rng.standard_normal((B, H, T, hs)) for _ in range(4))
+    visible = rng.random(mask_shape) < 0.6
+    visible[..., -1] = True  # every query sees the last key: every block stops at T
+    drop = Dropout(rng, attn=0.4).mask("attn", (B, H, T, T), np.float64)
+    whole_y, whole_cache = A.attention_forward(q, k, v, visible, drop=drop)
+    whole_grads = A.attention_backward(dy, whole_cache)
+    assert whole_cache.query_blocks is None
+    force_blocks_of_any_mask(monkeypatch, A, H, T, 4)  # one head's 4 float64 queries a block
+    monkeypatch.setattr(A, "ONE_HEAD_WIDTH", hs)
+    y, cache = A.attention_forward(q, k, v, visible, drop=drop)
+    assert cache.query_blocks.heads == (slice(0, 1), slice(1, 2))
+    assert cache.query_blocks.rows == (slice(0, 4), slice(4, 7))
+    pairs = [(y, whole_y), (cache.weights, whole_cache.weights)]
+    pairs += zip(A.attention_backward(dy, cache), whole_grads, strict=True)
+    for blocked, whole in pairs:
+        np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-14 * np.abs(whole).max())
