@@ -23,11 +23,12 @@ BACKWARD_CODE = {
         "_gelu_block",  # the forward's chain computes the derivative too
         "_gelu_slope",
     ),
+    "numpy_engine/softmax.py": ("softmax_backward",),
     "numpy_engine/attention.py": (
-        "softmax_backward",
         "attention_backward",
         "_group_backward",
         "_blocks_backward",
+        "_head_blocks_backward",
     ),
     "numpy_engine/multihead.py": (
         "self_attention_backward",
@@ -113,15 +114,18 @@ FORWARD_CODE = {
         "is_shared_causal",
         "hidden_limit",
     ),
+    "numpy_engine/softmax.py": ("softmax_last",),
     "numpy_engine/attention.py": (
-        "softmax_last",
         "batch_groups",
         "attention_forward",
         "scaled_transpose",
         "_weights",
         "query_blocks",
+        "_kept_share",
         "_key_stops",
         "_blocks_forward",
+        "_heads_of",
+        "_head_blocks_forward",
         "_mask_block",
     ),
     "numpy_engine/multihead.py": (

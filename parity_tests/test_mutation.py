@@ -228,14 +228,14 @@ def listed_functions(args: list[str], capsys) -> set[str]:
 
 def test_code_chooses_the_functions_mutated_and_a_target_is_found_in_either(capsys):
     forward = listed_functions(["--code", "forward"], capsys)
-    assert "numpy_engine/attention.py::softmax_last" in forward
+    assert "numpy_engine/softmax.py::softmax_last" in forward
     assert forward <= {f"{path}::{name}" for path, name in code_targets("forward")}
     backward = listed_functions([], capsys)  # --code backward, the default
-    assert "numpy_engine/attention.py::softmax_backward" in backward
+    assert "numpy_engine/softmax.py::softmax_backward" in backward
     assert backward <= {f"{path}::{name}" for path, name in code_targets("backward")}
     found = listed_functions(["--target", "softmax_last", "softmax_backward"], capsys)
     assert found == {
-        f"numpy_engine/attention.py::{name}" for name in ("softmax_last", "softmax_backward")
+        f"numpy_engine/softmax.py::{name}" for name in ("softmax_last", "softmax_backward")
     }
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numpy_engine import attention as A
+from numpy_engine import softmax as S
 from numpy_engine.memory import CACHE_LINE, aligned_empty, aligned_zeros, keep_freed_memory
 from numpy_engine.models import MiniGPT
 from numpy_engine.optim import AdamW
@@ -79,7 +79,7 @@ def test_softmax_last_equals_the_textbook_on_every_path(offset, path, dtype):
     scores = (rng.standard_normal((3, 4, 5)) + offset).astype(dtype)
     scores[0, 1, 2:] = -np.inf  # hidden entries
     expected = textbook_softmax(scores.astype(np.float64))
-    weights = A.softmax_last(scores.copy())
+    weights = S.softmax_last(scores.copy())
     assert np.isfinite(weights).all(), path
     assert weights[0, 1, 2:].tolist() == [0.0, 0.0, 0.0]
     tolerance = 1e-14 if dtype == "float64" else 1e-6
@@ -87,14 +87,14 @@ def test_softmax_last_equals_the_textbook_on_every_path(offset, path, dtype):
     # into a given array (attention's batch groups write their rows of the weights so): the
     # same bits, and that array is what it returns
     out = np.full_like(scores, np.nan)
-    assert A.softmax_last(scores.copy(), out=out) is out, path
+    assert S.softmax_last(scores.copy(), out=out) is out, path
     np.testing.assert_array_equal(out, weights, err_msg=path)
 
 
 def test_softmax_last_propagates_nan_as_the_textbook_does():
     scores = np.zeros((2, 3))
     scores[1, 0] = np.nan
-    weights = A.softmax_last(scores.copy())
+    weights = S.softmax_last(scores.copy())
     assert np.isnan(weights[1]).all() and np.allclose(weights[0], 1 / 3)
 
 
@@ -160,16 +160,16 @@ def test_softmax_backward_takes_a_single_dominant_entry_as_minus_the_others():
     )
     dweights = np.random.default_rng(0).standard_normal(weights.shape).astype(np.float32)
     textbook = weights * (dweights - np.vecdot(dweights, weights)[:, None])
-    got = A.softmax_backward(dweights.copy(), weights)
+    got = S.softmax_backward(dweights.copy(), weights)
     assert got[1, 1] == -(got[1, 0] + got[1, 2] + got[1, 3])
     assert got[1, 1] != textbook[1, 1]  # the fix changed it: it is not the textbook's value
     np.testing.assert_array_equal(got[1, [0, 2, 3]], textbook[1, [0, 2, 3]])
     np.testing.assert_array_equal(got[[0, 2]], textbook[[0, 2]])
     strided = np.asfortranarray(dweights)
-    np.testing.assert_array_equal(A.softmax_backward(strided, weights), got)
+    np.testing.assert_array_equal(S.softmax_backward(strided, weights), got)
     # the row with two over 1/2 as the only one with any: its row number is 0
     rows = [0, 2]
-    alone = A.softmax_backward(dweights[rows].copy(), weights[rows])
+    alone = S.softmax_backward(dweights[rows].copy(), weights[rows])
     np.testing.assert_array_equal(alone, textbook[rows])
     # the row with two over 1/2 after a row with one, and a largest weight of exactly 1/2
     # (not over it): both keep the textbook's values
@@ -178,7 +178,7 @@ def test_softmax_backward_takes_a_single_dominant_entry_as_minus_the_others():
     last = np.random.default_rng(1).standard_normal((1, 4)).astype(np.float32)
     dweights = np.concatenate([dweights, last])
     textbook = weights * (dweights - np.vecdot(dweights, weights)[:, None])
-    got = A.softmax_backward(dweights[rows].copy(), weights[rows])
+    got = S.softmax_backward(dweights[rows].copy(), weights[rows])
     np.testing.assert_array_equal(got[1:], textbook[rows[1:]])
     assert textbook[3, 0] != -(textbook[3, 1] + textbook[3, 2] + textbook[3, 3])  # it can tell
 
