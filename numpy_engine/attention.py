@@ -201,8 +201,8 @@ WIDE_KEPT = 0.75
 # products then run on 262 queries of a head, not 32 of 8 heads. Products alone, one thread,
 # float32, 1000 keys, 8 heads of 32 queries against one of 256: heads of 32 196, 212 and 205
 # us -> 173, 180 and 185 (q k^T, w v, w^T q), of 64 377, 398, 379 -> 327, 333, 338. Training
-# steps, benchmarks.ab against blocks of every head: wide-seq2seq 0.956 (its padding masks
-# had run whole); the encoder-decoder over 1000 positions at batch 2, heads of 32 (d_model
+# steps, benchmarks.ab against the code without it: wide-seq2seq 0.956 (its padding masks had
+# run whole); the encoder-decoder over 1000 positions at batch 2, heads of 32 (d_model
 # 256 in 8, 128 in 4) 0.953 and 0.978, of 16 (long-seq2seq; d_model 64 over 2000 at batch
 # 1) 0.984-0.990 and 0.967, of 8 (copy's model) 1.151: narrower heads keep every head
 ALL_HEADS = (slice(None),)
@@ -326,11 +326,11 @@ def _blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple
 
 def _head_blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple) -> None:
     """_blocks_backward for one group of heads. The last block's products write dk and dv
-    (zero past its stop), and each block before it
-    adds its share to the rows of the keys it sees. Those adds run on contiguous arrays,
-    copied into dk and dv at the end where those are views: into split_heads' view of a
-    merged gradient (rows of hs, C apart) an add of (1, 8, 1000, 32) took 129 us, against
-    25 into a contiguous array (float32, one thread)."""
+    (zero past its stop), and each block before it adds its share to the rows of the keys
+    it sees. Those adds run on contiguous arrays, copied into dk and dv at the end where
+    those are views: into split_heads' view of a merged gradient (rows of hs, C apart) an
+    add of (1, 8, 1000, 32) took 129 us, against 25 into a contiguous array (float32, one
+    thread)."""
     dq, dk_out, dv_out = out
     dk, dv = (x if x.flags.c_contiguous else np.empty(x.shape, x.dtype) for x in out[1:])
     v_t, keys = scaled_transpose(v), centered_keys(k)  # as _group_backward's, once
