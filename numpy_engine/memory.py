@@ -32,14 +32,22 @@ def keep_freed_memory() -> bool:
     at glibc's ceiling of 32 MiB, and larger arrays (attention's weights over 1000 positions)
     were still mapped fresh each step: the benchmarks' long, 1073 page faults and 8-9 ms of
     system time a step of 120 ms. Where the heap cannot grow, glibc still maps."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
-    except (OSError, AttributeError, TypeError):
+    mallopt = glibc_mallopt()
+    if mallopt is None:
         return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     trimmed = mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
     unmapped = mallopt(_M_MMAP_MAX, 0)
     return bool(trimmed and unmapped)
+
+
+def glibc_mallopt():
+    """glibc's mallopt(option, value), 1 where it took the setting; None without glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
+    except (OSError, AttributeError, TypeError):
+        return None
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt
 
 
 CACHE_LINE = 64  # bytes

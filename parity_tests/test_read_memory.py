@@ -7,7 +7,6 @@ test_step_memory.py."""
 
 from __future__ import annotations
 
-import ctypes
 import tracemalloc
 from dataclasses import replace
 
@@ -29,8 +28,7 @@ def glibcs_own_malloc_settings():
     (the run reads its checkpoint before memory.keep_freed_memory), which a test before
     them in this process may have changed: mallopt is process-wide. glibc's defaults: maps
     arrays over 128 KiB, up to 65536 of them, and trims a free top over 128 KiB."""
-    mallopt = ctypes.CDLL(None).mallopt
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    mallopt = memory.glibc_mallopt()
     for option, default in ((-4, 65536), (-3, 128 * 1024), (-1, 128 * 1024)):
         assert mallopt(option, default) == 1  # M_MMAP_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
