@@ -1,6 +1,7 @@
 """Scaled dot-product attention: the scores, their mask and softmax (softmax.py), the
 weights' product with the values, and the backward, by groups of batch rows and blocks of
-queries. Multi-head attention, which projects its inputs into these heads, is multihead.py.
+queries, the blocks' pieces shared by the engine's threads (threads.py). Multi-head
+attention, which projects its inputs into these heads, is multihead.py.
 
 Shape legend: B batch, H heads, Tq query positions, Tk key positions,
 hs = C // H head width, C channels.
@@ -17,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpy_engine import threads
 from numpy_engine.blocking import slices
 from numpy_engine.dropout import dropped, dropped_copy
 from numpy_engine.masks import hidden_scores, is_shared_causal
@@ -81,18 +83,19 @@ def attention_forward(
     weights = np.empty(shape, np.result_type(q, k))
     if out is None:
         out = np.empty((*shape[:-1], v.shape[-1]), np.result_type(weights, v))
+    if blocks is not None:
+        if hidden is not None and hidden.ndim == 1:  # a shared limit
+            hidden = hidden.reshape(-1, shape[-1])  # (Tq or 1, Tk), as a block indexes it
+        _blocks_forward(
+            q, k, v, hidden, blocks, weights, out, drop, _pieces(groups, blocks, shape[1])
+        )
+        return out, AttentionCache(q, k, v, weights, drop, blocks)
     per_row = hidden is not None and hidden.ndim == 4 and len(hidden) > 1  # a (B, ...) mask
-    if blocks is not None and hidden is not None and hidden.ndim == 1:  # a shared limit
-        hidden = hidden.reshape(-1, shape[-1])  # (Tq or 1, Tk), as a block indexes it
     for g in groups:
-        group_drop = None if drop is None else drop[g]
         group_hidden = hidden[g] if per_row else hidden
-        if blocks is not None:
-            _blocks_forward(q[g], k[g], v[g], group_hidden, blocks, weights[g], out[g], group_drop)
-            continue
         _weights(q[g], k[g], group_hidden, out=weights[g])
-        np.matmul(dropped_copy(weights[g], group_drop), v[g], out=out[g])
-    return out, AttentionCache(q, k, v, weights, drop, blocks)
+        np.matmul(dropped_copy(weights[g], None if drop is None else drop[g]), v[g], out=out[g])
+    return out, AttentionCache(q, k, v, weights, drop)
 
 
 def score_scale(x: np.ndarray) -> float:
@@ -141,12 +144,11 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None 
         return _group_backward(dy, cache.q, cache.k, cache.v, cache.weights, cache.drop, out=out)
     if out is None:
         out = tuple(np.empty(x.shape, np.result_type(dy, x)) for x in cache[:3])
+    if blocks is not None:
+        _blocks_backward(dy, cache, blocks, out, _pieces(groups, blocks, dy.shape[1]))
+        return out
     for g in groups:
-        group_out = tuple(d[g] for d in out)
-        if blocks is not None:
-            _blocks_backward(dy[g], *cache.arrays(g), blocks, group_out)
-        else:
-            _group_backward(dy[g], *cache.arrays(g), out=group_out)
+        _group_backward(dy[g], *cache.arrays(g), out=tuple(d[g] for d in out))
     return out
 
 
@@ -273,23 +275,43 @@ def _key_stops(visible: np.ndarray | None, rows: tuple, Tk: int) -> tuple:
     return tuple(stops)
 
 
-def _blocks_forward(q, k, v, hidden, blocks: QueryBlocks, weights, y, drop) -> None:
-    """_weights and weights @ v for a group of batch rows, block by block of queries
-    (query_blocks), into weights and y, a group of heads at a time. hidden: the group's, as
-    hidden_scores gives it, a limit reshaped to (Tq or 1, Tk)."""
-    for h in blocks.heads:
-        arrays = (q[:, h], k[:, h], v[:, h], _heads_of(hidden, h))
-        _head_blocks_forward(*arrays, blocks, weights[:, h], y[:, h], _heads_of(drop, h))
+def _pieces(groups: list[slice], blocks: QueryBlocks, H: int) -> list[tuple[slice, slice]]:
+    """(batch rows, heads) of each piece attention's blocks run on, in order: each batch
+    group's groups of heads (blocks.heads). Blocks of every head over fewer batch groups than
+    the engine has threads take their heads in as many parts, for the threads to share: each
+    head's work is its own, so the bits are the same."""
+    heads, n = blocks.heads, threads.threads()
+    if heads == ALL_HEADS and len(groups) < n and H > 1:
+        parts = min(n, H)
+        heads = tuple(slice(i * H // parts, (i + 1) * H // parts) for i in range(parts))
+    return [(rows, h) for rows in groups for h in heads]
 
 
-def _heads_of(x, heads: slice):
-    """x's heads `heads`, where it has a head axis of its own (a 4-D mask or dropout mask
-    made per head); else x (None, a limit, a mask shared by the heads)."""
-    return x[:, heads] if x is not None and x.ndim == 4 and x.shape[1] > 1 else x
+def _piece(x, rows: slice, heads: slice):
+    """x's part for a piece's batch rows and heads, along each of those axes x has of its own
+    (a 4-D array: q, a mask, a dropout mask); None, a limit, a shared mask stay as they are."""
+    if x is None or x.ndim < 4:
+        return x
+    x = x[rows] if len(x) > 1 else x
+    return x[:, heads] if x.shape[1] > 1 else x
 
 
-def _head_blocks_forward(q, k, v, hidden, blocks: QueryBlocks, weights, y, drop) -> None:
-    """_blocks_forward for one group of heads."""
+def _blocks_forward(q, k, v, hidden, blocks: QueryBlocks, weights, y, drop, pieces) -> None:
+    """_weights and weights @ v block by block of queries (query_blocks), into weights and y,
+    a piece (_pieces) at a time, the pieces shared by the engine's threads
+    (threads.in_chunks_alone). hidden: as hidden_scores gives it, a limit reshaped to
+    (Tq or 1, Tk)."""
+
+    def run(_, pieces: list) -> None:
+        for g, h in pieces:
+            arrays = (_piece(x, g, h) for x in (q, k, v, hidden, weights, y, drop))
+            _head_blocks_forward(*arrays, blocks)
+
+    threads.in_chunks_alone(run, pieces)
+
+
+def _head_blocks_forward(q, k, v, hidden, weights, y, drop, blocks: QueryBlocks) -> None:
+    """_blocks_forward for one piece."""
     k_t = scaled_transpose(k)  # (n, H, hs, Tk)
     for rows, stop in blocks.pairs():
         scores = q[:, :, rows] @ k_t[..., :stop]  # (n, H, b - a, stop): the keys they see
@@ -316,16 +338,20 @@ def _mask_block(scores, hidden, rows: slice, causal: bool) -> None:
         np.fmin(scores, piece, out=scores)
 
 
-def _blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple) -> None:
+def _blocks_backward(dy, cache: AttentionCache, blocks: QueryBlocks, out: tuple, pieces) -> None:
     """_group_backward block by block of queries (query_blocks), into out's (dq, dk, dv), a
-    group of heads at a time."""
-    for h in blocks.heads:
-        arrays = (dy[:, h], q[:, h], k[:, h], v[:, h], weights[:, h], _heads_of(drop, h))
-        _head_blocks_backward(*arrays, blocks, tuple(d[:, h] for d in out))
+    piece (_pieces) at a time, the pieces shared by the engine's threads."""
+
+    def run(_, pieces: list) -> None:
+        for g, h in pieces:
+            arrays = (_piece(x, g, h) for x in (dy, *cache[:3], cache.weights, cache.drop))
+            _head_blocks_backward(*arrays, blocks, tuple(_piece(d, g, h) for d in out))
+
+    threads.in_chunks_alone(run, pieces)
 
 
 def _head_blocks_backward(dy, q, k, v, weights, drop, blocks: QueryBlocks, out: tuple) -> None:
-    """_blocks_backward for one group of heads. The last block's products write dk and dv
+    """_blocks_backward for one piece. The last block's products write dk and dv
     (zero past its stop), and each block before it adds its share to the rows of the keys
     it sees. Those adds run on contiguous arrays, copied into dk and dv at the end where
     those are views: into split_heads' view of a merged gradient (rows of hs, C apart) an

@@ -1,4 +1,4 @@
-"""The engine's own threads, for elementwise work over independent blocks: the optimizer's.
+"""The engine's own threads, for work over independent blocks: the optimizer's, attention's.
 
 NumPy's BLAS spreads a product over the cores, but an elementwise pass (a ufunc) runs on
 the thread that calls it. The optimizer's update is ~13 such passes over every parameter,
@@ -12,12 +12,15 @@ parameters, alone, 379 -> 291 ms on two threads (0.809 in `python -m
 benchmarks.optimizer_threads`, which alternates it with torch's AdamW on two threads);
 GPT-2's training step with NumPy's BLAS on two threads, the engine's one or two
 alternating in one process, 1292 -> 1253 ms (0.978, 12 pairs). Smaller models gain
-nothing (large 0.986 and 1.009, 48 blocks; char-lm's 3 blocks stay on one thread). GELU's
-row blocks on two threads made the step slower (large 1.026, char-lm 1.032): after each
-product OpenBLAS's threads spin for a while before they sleep, and a helper thread between
-two products competes with them (with OPENBLAS_THREAD_TIMEOUT=4 they sleep at once, but
-char-lm's step took 19.0 ms against 15.5). So only the optimizer, which follows the
-backward's last product, uses them.
+nothing (large 0.986 and 1.009, 48 blocks; char-lm's 3 blocks stay on one thread).
+
+Between two products, OpenBLAS's threads spin for a while before they sleep, and a helper
+thread there competes with them: GELU's row blocks on two threads made the step slower
+(large 1.026, char-lm 1.032). So work between products runs on the engine's threads only
+where it is long enough to pay for stopping the BLAS's workers first (in_chunks_alone,
+blas_threads.py): attention's blocks over long sequences (attention.py), whose passes over
+the scores outweigh their products. Zen 4, two threads, alternating in one process against
+the blocks on one: benchmarks' long 0.758, long-seq2seq 0.799, wide-seq2seq 0.914.
 
 How many threads: set_threads(n), or by default the number NumPy's BLAS is told to start
 (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS) where that is set, else the cores this process
@@ -27,15 +30,21 @@ may run on. One thread makes every call on the caller's thread.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 import numpy as np
 
+from numpy_engine import blas_threads
 from numpy_engine.checks import InputError
 
 Result = TypeVar("Result")
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+HELPER_NAME = "numpy-engine"  # the helper threads' names start so
+# Other libraries' threads known to make no product: tqdm's monitor, which a progress bar
+# (transformers' loading of a checkpoint) starts, and which lives as long as the process
+IDLE_THREAD_NAMES = ("tqdm_monitor",)
 
 
 def default_threads(environ=os.environ) -> int:
@@ -103,10 +112,34 @@ def in_chunks(work: Callable[[int, list], Result], items: list, least: int = 1) 
     return [first, *(future.result() for future in helpers)]
 
 
+def in_chunks_alone(work: Callable[[int, list], Result], items: list) -> list[Result]:
+    """in_chunks(work, items) with NumPy's BLAS on one thread and its idle workers stopped
+    meanwhile (blas_threads.py), so that the engine's threads have the cores, each calling
+    the BLAS on its own thread. On the caller's thread alone (work(0, items)) where the BLAS
+    cannot be so set, or where a thread not the engine's is running: it might be inside a
+    product, and a worker stopped under it would never return."""
+    if min(_threads, len(items)) <= 1 or not _only_the_engines_threads():
+        return [work(0, items)]
+    with blas_threads.alone() as alone:
+        if not alone:
+            return [work(0, items)]
+        return in_chunks(work, items)
+
+
+def _only_the_engines_threads() -> bool:
+    """Whether every other thread of this process is one of the engine's helpers, or a
+    thread known to make no product (IDLE_THREAD_NAMES)."""
+    caller = threading.current_thread()
+    return all(
+        t is caller or t.name.startswith(HELPER_NAME) or t.name in IDLE_THREAD_NAMES
+        for t in threading.enumerate()
+    )
+
+
 def _helpers() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(_threads - 1, thread_name_prefix="numpy-engine")
+        _pool = ThreadPoolExecutor(_threads - 1, thread_name_prefix=HELPER_NAME)
     return _pool
 
 

@@ -50,6 +50,39 @@ settings.load_profile(
 )
 
 
+@pytest.fixture
+def on_threads():
+    """threads.set_threads for the test, put back after it."""
+    from numpy_engine import threads
+
+    before = threads.threads()
+    yield threads.set_threads
+    threads.set_threads(before)
+
+
+@pytest.fixture
+def blas_on_two_threads():
+    """NumPy's OpenBLAS on two threads for the test (this file sets one), put back after it.
+    Yields blas_threads.openblas(): NumPy's wheels carry OpenBLAS, so it must be found."""
+    from numpy_engine import blas_threads
+
+    blas = blas_threads.openblas()
+    assert blas is not None, "NumPy's OpenBLAS was not found in /proc/self/maps"
+    before = blas.get_threads()
+    blas.set_threads(2)
+    yield blas
+    blas.set_threads(before)
+
+
+@pytest.fixture
+def only_the_engines_threads(monkeypatch):
+    """threads.in_chunks_alone as in a process where no thread but the engine's runs: other
+    tests in this worker may have left theirs (test_blas_threads.py tests the real check)."""
+    from numpy_engine import threads
+
+    monkeypatch.setattr(threads, "_only_the_engines_threads", lambda: True)
+
+
 @pytest.fixture(scope="session")
 def trained_copy(tmp_path_factory):
     """A run directory of the copy model trained 20 steps (`train copy --steps 20 --out`):

@@ -282,3 +282,64 @@ def test_one_head_blocks_take_each_heads_part_of_a_mask_and_of_dropout(monkeypat
     pairs += zip(A.attention_backward(dy, cache), whole_grads, strict=True)
     for blocked, whole in pairs:
         np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-14 * np.abs(whole).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(
+    "mask, B, pieces_on_one, pieces_on_two",
+    [
+        ("shared causal", 1, [(1, 3)], [(1, 1), (1, 2)]),  # one group: its heads in two parts
+        ("causal & padding", 3, [(3, 3)], [(3, 1), (3, 2)]),
+        ("padding", 3, [(1, 1)] * 9, [(1, 1)] * 9),  # one-head blocks, groups of a row
+    ],
+)
+@pytest.mark.usefixtures("only_the_engines_threads")
+def test_attention_blocks_on_two_threads_give_one_threads_bits(
+    monkeypatch, on_threads, blas_on_two_threads, mask, B, pieces_on_one, pieces_on_two, dtype
+):
+    """The blocks' pieces (batch rows x heads) shared by two of the engine's threads, NumPy's
+    BLAS on one thread meanwhile, with a dropout mask: the same bits as on one thread, where
+    blocks of every head run all their heads at once and the BLAS keeps its two threads."""
+    from numpy_engine import attention as A
+    from numpy_engine.dropout import Dropout
+
+    rng = np.random.default_rng(B)
+    H, T, hs = 3, 7, 4
+    q, k, v, dy = (rng.standard_normal((B, H, T, hs)).astype(dtype) for _ in range(4))
+    drop = Dropout(rng, attn=0.4).mask("attn", (B, H, T, T), dtype)
+    ids = np.array([[3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 0, 0, 0, 0], [3, 4, 5, 6, 7, 0, 0]])[:B]
+    visible = masks.causal_visible(T) if mask == "shared causal" else masks.padding_visible(ids, 0)
+    if mask == "causal & padding":
+        visible = visible & masks.causal_visible(T)
+    monkeypatch.setattr(A, "QUERY_BLOCK", 2)
+    force_blocks_of_any_mask(monkeypatch, A, H, T, 4)
+    if mask == "padding":
+        monkeypatch.setattr(A, "ONE_HEAD_WIDTH", hs)
+        monkeypatch.setattr(A, "WHOLE_BYTES", 0)
+    pieces = []  # (thread, BLAS threads, (rows, heads)) of each piece's forward and backward
+    for name in ("_head_blocks_forward", "_head_blocks_backward"):
+        monkeypatch.setattr(A, name, spied(getattr(A, name), pieces, blas_on_two_threads))
+    results = {}
+    for n in (1, 2):
+        on_threads(n)
+        pieces.clear()
+        y, cache = A.attention_forward(q, k, v, visible, drop=drop)
+        results[n] = (y, cache.weights, *A.attention_backward(dy, cache))
+        expected = pieces_on_one if n == 1 else pieces_on_two
+        assert sorted(shape for _, _, shape in pieces) == sorted(expected * 2)
+        assert {blas for _, blas, _ in pieces} == {3 - n}  # 2 on one thread, 1 on two
+        assert len({thread for thread, _, _ in pieces}) == n
+    for one, two in zip(results[1], results[2], strict=True):
+        assert one.dtype == dtype and np.array_equal(one, two)
+
+
+def spied(blocks_of_a_piece, pieces: list, blas):
+    """blocks_of_a_piece, noting in pieces the thread it ran on, the BLAS's threads then, and
+    its piece's (batch rows, heads)."""
+    import threading
+
+    def run(*args):
+        pieces.append((threading.get_ident(), blas.get_threads(), args[0].shape[:2]))
+        return blocks_of_a_piece(*args)
+
+    return run

@@ -12,14 +12,6 @@ from numpy_engine import threads
 from numpy_engine.checks import InputError
 
 
-@pytest.fixture
-def on_threads():
-    """set_threads for the test, put back after it."""
-    before = threads.threads()
-    yield threads.set_threads
-    threads.set_threads(before)
-
-
 def chunks_and_threads(n_items: int, least: int = 1, n_chunks: int = 1) -> tuple[list, list]:
     """What in_chunks hands each chunk, and the thread each ran on; each of the n_chunks
     chunks expected waits for all of them to have started (they run at the same time)."""
