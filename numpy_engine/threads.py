@@ -17,10 +17,9 @@ nothing (large 0.986 and 1.009, 48 blocks; char-lm's 3 blocks stay on one thread
 Between two products, OpenBLAS's threads spin for a while before they sleep, and a helper
 thread there competes with them: GELU's row blocks on two threads made the step slower
 (large 1.026, char-lm 1.032). So work between products runs on the engine's threads only
-where it is long enough to pay for stopping the BLAS's workers first (in_chunks_alone,
-blas_threads.py): attention's blocks over long sequences (attention.py), whose passes over
-the scores outweigh their products. Zen 4, two threads, alternating in one process against
-the blocks on one: benchmarks' long 0.758, long-seq2seq 0.799, wide-seq2seq 0.914.
+where it pays for stopping the BLAS's workers first (in_chunks_alone, blas_threads.py):
+attention's batch groups and blocks of queries (attention.py), whose passes over the scores
+outweigh their products. GELU's row blocks so gained nothing (large 0.996).
 
 How many threads: set_threads(n), or by default the number NumPy's BLAS is told to start
 (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS) where that is set, else the cores this process

@@ -291,15 +291,17 @@ def test_one_head_blocks_take_each_heads_part_of_a_mask_and_of_dropout(monkeypat
         ("shared causal", 1, [(1, 3)], [(1, 1), (1, 2)]),  # one group: its heads in two parts
         ("causal & padding", 3, [(3, 3)], [(3, 1), (3, 2)]),
         ("padding", 3, [(1, 1)] * 9, [(1, 1)] * 9),  # one-head blocks, groups of a row
+        ("padding, no blocks", 3, [(1, 3)] * 3, [(1, 3)] * 3),  # groups of a row, whole
     ],
 )
 @pytest.mark.usefixtures("only_the_engines_threads")
 def test_attention_blocks_on_two_threads_give_one_threads_bits(
     monkeypatch, on_threads, blas_on_two_threads, mask, B, pieces_on_one, pieces_on_two, dtype
 ):
-    """The blocks' pieces (batch rows x heads) shared by two of the engine's threads, NumPy's
-    BLAS on one thread meanwhile, with a dropout mask: the same bits as on one thread, where
-    blocks of every head run all their heads at once and the BLAS keeps its two threads."""
+    """The blocks' pieces (batch rows x heads), or the batch groups where no blocks are taken,
+    shared by two of the engine's threads, NumPy's BLAS on one thread meanwhile, with a
+    dropout mask: the same bits as on one thread, where blocks of every head run all their
+    heads at once and the BLAS keeps its two threads."""
     from numpy_engine import attention as A
     from numpy_engine.dropout import Dropout
 
@@ -313,11 +315,15 @@ def test_attention_blocks_on_two_threads_give_one_threads_bits(
         visible = visible & masks.causal_visible(T)
     monkeypatch.setattr(A, "QUERY_BLOCK", 2)
     force_blocks_of_any_mask(monkeypatch, A, H, T, 4)
-    if mask == "padding":
+    if mask.startswith("padding"):
         monkeypatch.setattr(A, "ONE_HEAD_WIDTH", hs)
         monkeypatch.setattr(A, "WHOLE_BYTES", 0)
+    names = ("_head_blocks_forward", "_head_blocks_backward")
+    if mask == "padding, no blocks":  # each group a batch row's scores
+        monkeypatch.setattr(A, "GROUP_BYTES", H * T * T * q.itemsize)
+        names = ("_weights", "_group_backward")
     pieces = []  # (thread, BLAS threads, (rows, heads)) of each piece's forward and backward
-    for name in ("_head_blocks_forward", "_head_blocks_backward"):
+    for name in names:
         monkeypatch.setattr(A, name, spied(getattr(A, name), pieces, blas_on_two_threads))
     results = {}
     for n in (1, 2):
@@ -333,13 +339,13 @@ def test_attention_blocks_on_two_threads_give_one_threads_bits(
         assert one.dtype == dtype and np.array_equal(one, two)
 
 
-def spied(blocks_of_a_piece, pieces: list, blas):
-    """blocks_of_a_piece, noting in pieces the thread it ran on, the BLAS's threads then, and
+def spied(work_of_a_piece, pieces: list, blas):
+    """work_of_a_piece, noting in pieces the thread it ran on, the BLAS's threads then, and
     its piece's (batch rows, heads)."""
     import threading
 
-    def run(*args):
+    def run(*args, **kwargs):
         pieces.append((threading.get_ident(), blas.get_threads(), args[0].shape[:2]))
-        return blocks_of_a_piece(*args)
+        return work_of_a_piece(*args, **kwargs)
 
     return run
