@@ -65,6 +65,19 @@ def test_in_chunks_alone_runs_each_chunk_on_a_thread_the_blas_on_one(
     assert blas_on_two_threads.get_threads() == 2
 
 
+@pytest.mark.usefixtures("only_the_engines_threads")
+def test_after_a_chunks_exception_the_blas_has_its_threads_again(on_threads, blas_on_two_threads):
+    on_threads(2)
+
+    def work(i, chunk):
+        if i == 1:
+            raise ValueError("chunk 1")
+
+    with pytest.raises(ValueError, match="chunk 1"):
+        threads.in_chunks_alone(work, [1, 2])
+    assert blas_on_two_threads.get_threads() == 2
+
+
 def test_in_chunks_alone_keeps_to_the_caller_while_another_thread_runs(
     on_threads, blas_on_two_threads
 ):
