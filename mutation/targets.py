@@ -74,7 +74,12 @@ BACKWARD_CODE = {
         "Adam._update_block",
         "AdamW._update_block",
     ),
-    "numpy_engine/threads.py": ("in_chunks",),  # the optimizer's runs of blocks
+    "numpy_engine/threads.py": (  # the optimizer's runs of blocks, attention's pieces
+        "in_chunks",
+        "in_chunks_alone",
+        "_only_the_engines_threads",
+    ),
+    "numpy_engine/blas_threads.py": ("openblas", "_loaded_libraries", "_first", "alone"),
     "numpy_engine/dropout.py": ("Dropout.mask", "dropped", "dropped_copy", "training_rng"),
     "numpy_engine/models/seq2seq.py": ("_backward", "_decode_backward", "_encode_backward"),
     "numpy_engine/models/minigpt.py": (
@@ -210,6 +215,7 @@ NUMBER_TESTS = (
     "parity_tests/test_read_memory.py",
     "parity_tests/test_dropout.py",
     "parity_tests/test_threads.py",
+    "parity_tests/test_blas_threads.py",
 )
 
 
