@@ -27,6 +27,7 @@ BACKWARD_CODE = {
     "numpy_engine/attention.py": (
         "attention_backward",
         "_group_backward",
+        "_groups_backward",
         "_blocks_backward",
         "_head_blocks_backward",
     ),
@@ -129,6 +130,7 @@ FORWARD_CODE = {
         "_kept_share",
         "_key_stops",
         "_blocks_forward",
+        "_groups_forward",
         "_pieces",
         "_piece",
         "_head_blocks_forward",

@@ -93,18 +93,23 @@ def attention_forward(
         _blocks_forward(
             q, k, v, hidden, blocks, weights, out, drop, _pieces(groups, blocks, shape[1])
         )
-        return out, AttentionCache(q, k, v, weights, drop, blocks)
+    else:
+        _groups_forward(q, k, v, hidden, weights, out, drop, groups)
+    return out, AttentionCache(q, k, v, weights, drop, blocks)
+
+
+def _groups_forward(q, k, v, hidden, weights, y, drop, groups: list[slice]) -> None:
+    """_weights and weights @ v a group of batch rows at a time, into weights and y, the
+    groups shared by the engine's threads (threads.in_chunks_alone)."""
     per_row = hidden is not None and hidden.ndim == 4 and len(hidden) > 1  # a (B, ...) mask
 
     def run(_, groups: list) -> None:
         for g in groups:
-            group_hidden = hidden[g] if per_row else hidden
-            _weights(q[g], k[g], group_hidden, out=weights[g])
+            _weights(q[g], k[g], hidden[g] if per_row else hidden, out=weights[g])
             group_drop = None if drop is None else drop[g]
-            np.matmul(dropped_copy(weights[g], group_drop), v[g], out=out[g])
+            np.matmul(dropped_copy(weights[g], group_drop), v[g], out=y[g])
 
     threads.in_chunks_alone(run, groups)
-    return out, AttentionCache(q, k, v, weights, drop)
 
 
 def score_scale(x: np.ndarray) -> float:
@@ -155,14 +160,20 @@ def attention_backward(dy: np.ndarray, cache: AttentionCache, out: tuple | None 
         out = tuple(np.empty(x.shape, np.result_type(dy, x)) for x in cache[:3])
     if blocks is not None:
         _blocks_backward(dy, cache, blocks, out, _pieces(groups, blocks, dy.shape[1]))
-        return out
+    else:
+        _groups_backward(dy, cache, out, groups)
+    return out
+
+
+def _groups_backward(dy, cache: AttentionCache, out: tuple, groups: list[slice]) -> None:
+    """_group_backward a group of batch rows at a time, into out's (dq, dk, dv), the groups
+    shared by the engine's threads."""
 
     def run(_, groups: list) -> None:
         for g in groups:
             _group_backward(dy[g], *cache.arrays(g), out=tuple(d[g] for d in out))
 
     threads.in_chunks_alone(run, groups)
-    return out
 
 
 def _group_backward(dy, q, k, v, weights, drop=None, out: tuple | None = None) -> tuple:
