@@ -7,8 +7,8 @@ finds them awake. An engine thread started between two products then shares a co
 spinning worker: attention's blocks on two threads made a step slower (Zen 4, char-lm's
 model over 1024 positions: 1.065), and setting the BLAS to one thread alone does not stop
 the spin. OpenBLAS's own blas_thread_shutdown_, which it runs before a fork, joins the
-workers; the next product with more than one thread starts them again. Stopping and
-starting them took 90-150 us here.
+workers, and setting the BLAS's threads back starts them again. Stopping and starting
+them took 91-166 us here (three readings, Zen 4).
 
 Found through /proc/self/maps (Linux) and ctypes: the loaded library whose name holds
 "openblas", and its set/get functions under the names NumPy's wheels (scipy-openblas) and
@@ -77,8 +77,8 @@ def _first(library: ctypes.CDLL, names: tuple) -> ctypes._CFuncPtr | None:
 @contextmanager
 def alone() -> Iterator[bool]:
     """Within: NumPy's BLAS on one thread, its workers stopped (True), or nothing changed
-    (False: no OpenBLAS found). After: the BLAS's threads as before; they start again with
-    the next product that uses them."""
+    (False: no OpenBLAS found). After: the BLAS's threads as before, its workers started
+    again (OpenBLAS's goto_set_num_threads starts them where a shutdown left none)."""
     blas = openblas()
     if blas is None:
         yield False

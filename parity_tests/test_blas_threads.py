@@ -19,10 +19,9 @@ def threads_in_process() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def test_alone_stops_the_blas_workers_and_the_next_product_starts_them(blas_on_two_threads):
+def test_alone_stops_the_blas_workers_and_starts_them_again_after(blas_on_two_threads):
     """Two BLAS threads are the caller and one worker: within `alone` the worker is gone and
-    a product makes none; after it, the BLAS is on two threads again and a product's worker
-    is back."""
+    a product makes none; after it, the BLAS is on two threads again, its worker back."""
     blas = blas_on_two_threads
     a = np.ones((256, 256))
     a @ a  # 256^3 multiply-adds: past OpenBLAS's threshold for its threads
@@ -32,9 +31,8 @@ def test_alone_stops_the_blas_workers_and_the_next_product_starts_them(blas_on_t
         assert threads_in_process() == running - 1
         np.testing.assert_array_equal(a @ a, np.full((256, 256), 256.0))
         assert threads_in_process() == running - 1
-    assert blas.get_threads() == 2
-    a @ a
-    assert threads_in_process() == running
+    assert blas.get_threads() == 2 and threads_in_process() == running
+    np.testing.assert_array_equal(a @ a, np.full((256, 256), 256.0))
 
 
 def test_alone_where_no_openblas_is_found_changes_nothing(monkeypatch, blas_on_two_threads):
