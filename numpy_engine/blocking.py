@@ -14,8 +14,8 @@ time. Layernorm runs whole: on (4096, 256), 4 MB, its blocks were faster alone b
 every config's step slower (A/B copy 1.042, char-lm 1.007, large 1.014).
 
 `slices` is the one helper that cuts work into cache-sized pieces; attention
-(`attention.batch_groups`), the fused readout + loss and the optimizer use it too, each
-with the block size measured for it.
+(`attention_blocks.batch_groups`), the fused readout + loss and the optimizer use it too,
+each with the block size measured for it.
 """
 
 from __future__ import annotations

@@ -129,12 +129,12 @@ def test_gpt2_matches_transformers(case):
 
 
 def test_gpt2_past_two_query_blocks_matches_transformers(monkeypatch):
-    """140 positions, past two attention.QUERY_BLOCKs: the engine's causal attention runs by
+    """140 positions, past two attention_blocks.QUERY_BLOCKs: the engine's causal attention runs by
     blocks of queries, transformers' eager attention over every key. Logits, loss and every
     gradient in float64; then greedy generation after a 136-token prompt, whose first pass
     runs by blocks and whose cached steps read the blocks' keys and values, token for token."""
     from numpy_engine import attention
-    from numpy_engine.attention import QUERY_BLOCK
+    from numpy_engine.attention_blocks import QUERY_BLOCK
     from numpy_engine.generate import generate
 
     blocked_runs = []  # one entry a call of attention._blocks_forward: a group by blocks

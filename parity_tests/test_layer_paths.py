@@ -125,6 +125,7 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(
     into the group's rows too. dropped: with a dropout mask on the weights, whose group
     rows go with the scores'. cross: three queries over four keys, as cross-attention has."""
     from numpy_engine import attention as A
+    from numpy_engine import attention_blocks as AB
     from numpy_engine.dropout import Dropout
 
     rng = np.random.default_rng(0)
@@ -144,9 +145,9 @@ def test_attention_in_batch_groups_is_bit_identical_to_one_group(
     drop = Dropout(rng, attn=0.4).mask("attn", (B, 3, Tq, 4), np.float32) if dropped else None
     one_y, one_cache = A.attention_forward(q, k, v, visible, drop=drop)
     one_grads = A.attention_backward(dy, one_cache)
-    monkeypatch.setattr(A, "WHOLE_BYTES", 0)
-    monkeypatch.setattr(A, "GROUP_BYTES", rows * 3 * Tq * 4 * 4)  # rows of float32 scores
-    assert len(A.batch_groups((B, 3, Tq, 4), 4)) == -(-B // rows)
+    monkeypatch.setattr(AB, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(AB, "GROUP_BYTES", rows * 3 * Tq * 4 * 4)  # rows of float32 scores
+    assert len(AB.batch_groups((B, 3, Tq, 4), 4)) == -(-B // rows)
     y, cache = A.attention_forward(q, k, v, visible, drop=drop)
     assert np.array_equal(y, one_y) and y.dtype == np.float32
     assert np.array_equal(cache.weights, one_cache.weights)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from crosscheck.compare import compare, float64_ok
-from numpy_engine import attention as A
+from numpy_engine import attention_blocks as AB
 from numpy_engine import blocking, clipping, losses
 from numpy_engine.generate import generate, greedy_decode
 from numpy_engine.models import GPT2, GPT2Config
@@ -58,9 +58,9 @@ def in_smallest_pieces(monkeypatch) -> None:
     attention one query a block, the optimizer one entry a block: the paths that cut arrays
     into pieces, at any size."""
     monkeypatch.setattr(blocking, "BLOCK_BYTES", 1)
-    monkeypatch.setattr(A, "WHOLE_BYTES", 0)
-    monkeypatch.setattr(A, "GROUP_BYTES", 1)
-    monkeypatch.setattr(A, "QUERY_BLOCK", 1)
+    monkeypatch.setattr(AB, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(AB, "GROUP_BYTES", 1)
+    monkeypatch.setattr(AB, "QUERY_BLOCK", 1)
     monkeypatch.setattr(losses, "FUSED_BLOCK_BYTES", 1)
     monkeypatch.setattr(clipping, "BLOCK_BYTES", 8)
 

@@ -130,10 +130,10 @@ def test_default_models_at_their_own_init_match_torch():
 
 
 def test_gpt_past_two_query_blocks_matches_torch():
-    """140 positions, past two attention.QUERY_BLOCKs of 64: each causal attention runs by
+    """140 positions, past two attention_blocks.QUERY_BLOCKs of 64: each causal attention runs by
     blocks of queries at the size it takes in training (test_query_blocks.py forces small
     ones), against the twin's, whose softmax sees every key a query. Padding targets too."""
-    from numpy_engine.attention import QUERY_BLOCK
+    from numpy_engine.attention_blocks import QUERY_BLOCK
 
     T = 140
     assert T > 2 * QUERY_BLOCK
@@ -160,7 +160,7 @@ HEAD_RULES = {  # (NARROW_HEAD, ONE_HEAD_WIDTH) for the 3-wide heads of the test
 @pytest.mark.parametrize("rule", list(HEAD_RULES))
 def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypatch, rule):
     """370 source and 371 target positions over 2 heads: a batch row's scores pass
-    attention.GROUP_BYTES (1 MiB) in float32 and float64, so every attention, the encoder's,
+    attention_blocks.GROUP_BYTES (1 MiB) in float32 and float64, so every attention, the encoder's,
     the decoder's causal & padding and the cross-attention, runs by blocks of queries at the
     sizes training takes, each block's keys ending at the last one its queries see: against
     the twin's, whose softmax sees every key. Rows padded at different lengths. The heads'
@@ -168,7 +168,7 @@ def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypat
     blocks of both heads; at it, the encoder and the cross-attention (whose blocks all stop
     at S) by blocks of one head; counted wide too (past NARROW_HEAD), the decoder's blocks of
     both heads only where they skip enough keys (WIDE_KEPT): in float64, not float32."""
-    from numpy_engine import attention
+    from numpy_engine import attention, attention_blocks
 
     found = []  # each attention's blocks, as query_blocks chose them
     choose = attention.query_blocks
@@ -179,8 +179,8 @@ def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypat
 
     monkeypatch.setattr(attention, "query_blocks", recorded)
     narrow_head, one_head_width = HEAD_RULES[rule]
-    monkeypatch.setattr(attention, "NARROW_HEAD", narrow_head)
-    monkeypatch.setattr(attention, "ONE_HEAD_WIDTH", one_head_width)
+    monkeypatch.setattr(attention_blocks, "NARROW_HEAD", narrow_head)
+    monkeypatch.setattr(attention_blocks, "ONE_HEAD_WIDTH", one_head_width)
     S, lengths = 370, [370, 301]
     config = ne.Seq2SeqConfig(vocab_size=7, d_model=6, n_heads=2, d_ff=5, dtype="float64")
     rng = np.random.default_rng(4)
@@ -192,10 +192,10 @@ def test_seq2seq_past_a_rows_group_bytes_by_query_blocks_matches_torch(monkeypat
     model.forward(source, decoder_input)
     encoder, decoder, cross = found
     assert decoder.stops == (176, 352, 371)  # causal: each block's end (176 queries)
-    assert decoder.heads == attention.ALL_HEADS
+    assert decoder.heads == attention_blocks.ALL_HEADS
     if rule == "every head a block":  # the encoder's and the cross-attention's keys end at S
         assert encoder.stops == cross.stops == (S,) * 3
-        assert encoder.heads == cross.heads == attention.ALL_HEADS
+        assert encoder.heads == cross.heads == attention_blocks.ALL_HEADS
     else:  # one head's scores: 354 float64 queries a block
         assert encoder.stops == cross.stops == (S, S) and encoder.rows[0] == slice(0, 354)
         assert encoder.heads == cross.heads == (slice(0, 1), slice(1, 2))
