@@ -308,7 +308,8 @@ def test_attention_blocks_on_two_threads_give_one_threads_bits(
     """The blocks' pieces (batch rows x heads), or the batch groups where no blocks are taken,
     shared by two of the engine's threads, NumPy's BLAS on one thread meanwhile, with a
     dropout mask: the same bits as on one thread, where blocks of every head run all their
-    heads at once and the BLAS keeps its two threads."""
+    heads at once and the BLAS keeps its two threads; in float64, the whole scores' values
+    too (the same bits twice could be the same mistake twice)."""
     from numpy_engine import attention as A
     from numpy_engine import attention_blocks as AB
     from numpy_engine.dropout import Dropout
@@ -321,6 +322,9 @@ def test_attention_blocks_on_two_threads_give_one_threads_bits(
     visible = masks.causal_visible(T) if mask == "shared causal" else masks.padding_visible(ids, 0)
     if mask == "causal & padding":
         visible = visible & masks.causal_visible(T)
+    whole_y, whole_cache = A.attention_forward(q, k, v, visible, drop=drop)
+    whole = (whole_y, whole_cache.weights, *A.attention_backward(dy, whole_cache))
+    assert whole_cache.query_blocks is None
     monkeypatch.setattr(AB, "QUERY_BLOCK", 2)
     force_blocks_of_any_mask(monkeypatch, H, T, 4)
     if mask.startswith("padding"):
@@ -343,8 +347,11 @@ def test_attention_blocks_on_two_threads_give_one_threads_bits(
         assert sorted(shape for _, _, shape in pieces) == sorted(expected * 2)
         assert {blas for _, blas, _ in pieces} == {3 - n}  # 2 on one thread, 1 on two
         assert len({thread for thread, _, _ in pieces}) == n
-    for one, two in zip(results[1], results[2], strict=True):
+    for one, two, whole_values in zip(results[1], results[2], whole, strict=True):
         assert one.dtype == dtype and np.array_equal(one, two)
+        if dtype == np.float64:
+            scale = np.abs(whole_values).max()
+            np.testing.assert_allclose(two, whole_values, rtol=1e-12, atol=1e-14 * scale)
 
 
 def spied(work_of_a_piece, pieces: list, blas):
