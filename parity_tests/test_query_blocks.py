@@ -262,11 +262,18 @@ def test_blocks_backward_into_views_of_merged_gradients_gives_the_same_bits(monk
         assert np.array_equal(view, new)  # no NaN left, and the same bits
 
 
-@pytest.mark.parametrize("mask_shape", [(3, 1, 7, 7), (3, 2, 1, 7), (3, 2, 7, 7), (1, 1, 7, 7)])
-def test_one_head_blocks_take_each_heads_part_of_a_mask_and_of_dropout(monkeypatch, mask_shape):
+@pytest.mark.parametrize("rows", [None, 1], ids=["one group", "groups of a row"])
+@pytest.mark.parametrize(
+    "mask_shape", [(3, 1, 7, 7), (3, 2, 1, 7), (3, 2, 7, 7), (1, 2, 7, 7), (1, 1, 7, 7)]
+)
+def test_one_head_blocks_take_each_heads_part_of_a_mask_and_of_dropout(
+    monkeypatch, mask_shape, rows
+):
     """Blocks of one head read a mask's head axis where it has one of its own (2 heads here)
-    and broadcast the mask where it has not (shared by the heads, or by every batch row too:
-    a limit), and read the dropout mask's heads: the whole scores' values, float64."""
+    and broadcast the mask where it has not (shared by the heads, by every batch row, or by
+    both: a limit), and read the dropout mask's heads, in one group of batch rows and in
+    groups of a row (each group's rows of a mask that has its own, the whole of one shared
+    by every row): the whole scores' values, float64."""
     from numpy_engine import attention as A
     from numpy_engine import attention_blocks as AB
     from numpy_engine.dropout import Dropout
@@ -282,7 +289,10 @@ def test_one_head_blocks_take_each_heads_part_of_a_mask_and_of_dropout(monkeypat
     assert whole_cache.query_blocks is None
     force_blocks_of_any_mask(monkeypatch, H, T, 4)  # one head's 4 float64 queries a block
     monkeypatch.setattr(AB, "ONE_HEAD_WIDTH", hs)
+    if rows is not None:
+        monkeypatch.setattr(AB, "WHOLE_BYTES", 0)
     y, cache = A.attention_forward(q, k, v, visible, drop=drop)
+    assert len(AB.batch_groups(cache.weights.shape, 8)) == (B if rows else 1)
     assert cache.query_blocks.heads == (slice(0, 1), slice(1, 2))
     assert cache.query_blocks.rows == (slice(0, 4), slice(4, 7))
     pairs = [(y, whole_y), (cache.weights, whole_cache.weights)]
@@ -364,3 +374,34 @@ def spied(work_of_a_piece, pieces: list, blas):
         return work_of_a_piece(*args, **kwargs)
 
     return run
+
+
+EVERY_HEAD = (slice(None),)
+
+
+@pytest.mark.parametrize(
+    "n_threads, n_groups, H, heads, expected",
+    [
+        (2, 1, 3, EVERY_HEAD, (slice(0, 1), slice(1, 3))),
+        (2, 1, 2, EVERY_HEAD, (slice(0, 1), slice(1, 2))),
+        (3, 1, 2, EVERY_HEAD, (slice(0, 1), slice(1, 2))),  # no more parts than heads
+        (3, 2, 4, EVERY_HEAD, (slice(0, 1), slice(1, 2), slice(2, 4))),  # fewer groups
+        (2, 1, 1, EVERY_HEAD, EVERY_HEAD),  # one head: nothing to split
+        (2, 2, 4, EVERY_HEAD, EVERY_HEAD),  # a group a thread
+        (1, 1, 4, EVERY_HEAD, EVERY_HEAD),
+        (3, 1, 2, (slice(0, 1), slice(1, 2)), (slice(0, 1), slice(1, 2))),  # one-head blocks
+    ],
+)
+def test_pieces_are_each_groups_heads_split_only_where_groups_are_fewer_than_threads(
+    on_threads, n_threads, n_groups, H, heads, expected
+):
+    """Blocks of every head over fewer batch groups than the engine's threads take their
+    heads in as many parts as threads (at most one a head), for the threads to share;
+    blocks of one head keep theirs."""
+    from numpy_engine import attention_blocks as AB
+
+    assert EVERY_HEAD == AB.ALL_HEADS
+    on_threads(n_threads)
+    groups = [slice(i, i + 1) for i in range(n_groups)]
+    blocks = AB.QueryBlocks((slice(0, 4),), (4,), causal=False, heads=heads)
+    assert AB.pieces_of(groups, blocks, H) == [(g, h) for g in groups for h in expected]
