@@ -61,9 +61,15 @@ def _loaded_libraries() -> list[str]:
 
     try:
         with open("/proc/self/maps") as maps:
-            paths = [line.split(maxsplit=5)[-1].strip() for line in maps]
+            return library_paths(maps)
     except OSError:
         return []
+
+
+def library_paths(maps_lines) -> list[str]:
+    """Each shared library's path in /proc/self/maps' lines, once, in order: a line is
+    "address perms offset device inode path", the path last (it may hold spaces) or none."""
+    paths = (line.split(maxsplit=5)[-1].strip() for line in maps_lines)
     return list(dict.fromkeys(p for p in paths if ".so" in os.path.basename(p)))
 
 

@@ -35,6 +35,31 @@ def test_alone_stops_the_blas_workers_and_starts_them_again_after(blas_on_two_th
     np.testing.assert_array_equal(a @ a, np.full((256, 256), 256.0))
 
 
+def test_alone_with_the_blas_on_one_thread_leaves_its_workers(blas_on_two_threads):
+    """A BLAS set to one thread (its worker, started before, asleep): nothing to stop."""
+    blas = blas_on_two_threads
+    a = np.ones((256, 256))
+    a @ a  # its worker runs
+    blas.set_threads(1)
+    running = threads_in_process()
+    with blas_threads.alone() as alone:
+        assert alone and blas.get_threads() == 1 and threads_in_process() == running
+    assert blas.get_threads() == 1 and threads_in_process() == running
+
+
+def test_library_paths_reads_each_mapped_library_once_spaces_and_all():
+    lines = [
+        "7f00-7f10 r--p 00000000 08:01 123       /usr/lib/libc.so.6\n",
+        "7f10-7f20 r-xp 00001000 08:01 123       /usr/lib/libc.so.6\n",
+        "7f20-7f30 rw-p 00000000 00:00 0 \n",  # anonymous: no path
+        "7f30-7f40 r--p 00000000 08:01 456       /opt/my libs/libscipy_openblas64_-x.so\n",
+        "7f40-7f50 r--p 00000000 08:01 789       /usr/lib/python3.11/os.py\n",
+        "7ffc-7ffd rw-p 00000000 00:00 0         [stack]\n",
+    ]
+    expected = ["/usr/lib/libc.so.6", "/opt/my libs/libscipy_openblas64_-x.so"]
+    assert blas_threads.library_paths(lines) == expected
+
+
 def test_alone_where_no_openblas_is_found_changes_nothing(monkeypatch, blas_on_two_threads):
     monkeypatch.setattr(blas_threads, "openblas", lambda: None)
     with blas_threads.alone() as alone:
@@ -42,10 +67,11 @@ def test_alone_where_no_openblas_is_found_changes_nothing(monkeypatch, blas_on_t
 
 
 def ran_where(blas) -> list:
-    """threads.in_chunks_alone over two items: each chunk's (thread, BLAS threads, items)."""
+    """threads.in_chunks_alone over two items: each chunk's (thread, BLAS threads, chunk's
+    index, items)."""
 
     def work(i, chunk):
-        return threading.get_ident(), blas.get_threads(), chunk
+        return threading.get_ident(), blas.get_threads(), i, chunk
 
     return threads.in_chunks_alone(work, [1, 2])
 
@@ -55,11 +81,9 @@ def test_in_chunks_alone_runs_each_chunk_on_a_thread_the_blas_on_one(
     on_threads, blas_on_two_threads
 ):
     on_threads(2)
-    (caller, blas_in_caller, first), (helper, blas_in_helper, second) = ran_where(
-        blas_on_two_threads
-    )
+    (caller, *on_caller), (helper, *on_helper) = ran_where(blas_on_two_threads)
     assert caller == threading.get_ident() != helper
-    assert (blas_in_caller, blas_in_helper, first, second) == (1, 1, [1], [2])
+    assert (on_caller, on_helper) == ([1, 0, [1]], [1, 1, [2]])  # the BLAS, the chunk
     assert blas_on_two_threads.get_threads() == 2
 
 
@@ -89,7 +113,7 @@ def test_in_chunks_alone_keeps_to_the_caller_while_another_thread_runs(
     finally:
         stop.set()
         other.join()
-    assert ran == [(threading.get_ident(), 2, [1, 2])]
+    assert ran == [(threading.get_ident(), 2, 0, [1, 2])]
 
 
 def test_the_engines_threads_are_told_from_any_other_in_a_fresh_process():
@@ -120,11 +144,11 @@ def test_in_chunks_alone_keeps_to_the_caller_where_the_blas_is_not_found(
 ):
     on_threads(2)
     monkeypatch.setattr(blas_threads, "openblas", lambda: None)
-    assert ran_where(blas_on_two_threads) == [(threading.get_ident(), 2, [1, 2])]
+    assert ran_where(blas_on_two_threads) == [(threading.get_ident(), 2, 0, [1, 2])]
 
 
 def test_in_chunks_alone_on_one_engine_thread_leaves_the_blas_as_it_is(
     on_threads, blas_on_two_threads
 ):
     on_threads(1)
-    assert ran_where(blas_on_two_threads) == [(threading.get_ident(), 2, [1, 2])]
+    assert ran_where(blas_on_two_threads) == [(threading.get_ident(), 2, 0, [1, 2])]
