@@ -383,6 +383,7 @@ EVERY_HEAD = (slice(None),)
     "n_threads, n_groups, H, heads, expected",
     [
         (2, 1, 3, EVERY_HEAD, (slice(0, 1), slice(1, 3))),
+        (2, 1, 8, EVERY_HEAD, (slice(0, 4), slice(4, 8))),
         (2, 1, 2, EVERY_HEAD, (slice(0, 1), slice(1, 2))),
         (3, 1, 2, EVERY_HEAD, (slice(0, 1), slice(1, 2))),  # no more parts than heads
         (3, 2, 4, EVERY_HEAD, (slice(0, 1), slice(1, 2), slice(2, 4))),  # fewer groups
