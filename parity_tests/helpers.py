@@ -196,6 +196,10 @@ def random_visible(rng: np.random.Generator, shape: tuple, kind: str) -> np.ndar
     if kind == "padding":
         visible = np.arange(Tk)[None, :] < rng.integers(1, Tk + 1, size=(B, 1))  # (B, Tk)
         return visible[:, None, None, :]
+    if kind == "shared":  # one random (Tq, Tk) mask for every batch row and head, every
+        visible = random_visible(rng, (1, 1, Tq, Tk), "random")  # query seeing the last key
+        visible[..., -1] = True
+        return visible
     visible = rng.random((B, H, Tq, Tk)) < 0.5  # "random"
     one_key_per_row = rng.integers(0, Tk, size=(B, H, Tq, 1))
     np.put_along_axis(visible, one_key_per_row, True, axis=-1)

@@ -71,7 +71,14 @@ def force_blocks_of_any_mask(monkeypatch, H: int, Tk: int, queries: int) -> None
 @pytest.mark.parametrize("heads", ["every head", "one head"])
 @pytest.mark.parametrize(
     "kind, Tq, Tk",
-    [("padding", 9, 7), ("random", 7, 6), ("random", 2, 5), ("causal", 8, 8), ("none", 5, 9)],
+    [
+        ("padding", 9, 7),
+        ("random", 7, 6),
+        ("random", 2, 5),
+        ("shared", 7, 5),  # one (Tq, Tk) mask for every row and head: a limit, not square
+        ("causal", 8, 8),
+        ("none", 5, 9),
+    ],
 )
 def test_attention_by_query_blocks_under_any_mask_holds_to_torch_and_finite_differences(
     monkeypatch, kind, Tq, Tk, heads
