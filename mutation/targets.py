@@ -80,7 +80,7 @@ BACKWARD_CODE = {
         "in_chunks_alone",
         "_only_the_engines_threads",
     ),
-    "numpy_engine/blas_threads.py": ("openblas", "_loaded_libraries", "_first", "alone"),
+    "numpy_engine/blas_threads.py": ("openblas", "library_paths", "_first", "alone"),
     "numpy_engine/dropout.py": ("Dropout.mask", "dropped", "dropped_copy", "training_rng"),
     "numpy_engine/models/seq2seq.py": ("_backward", "_decode_backward", "_encode_backward"),
     "numpy_engine/models/minigpt.py": (
