@@ -74,6 +74,7 @@ def library_paths(maps_lines) -> list[str]:
 
 
 def _first(library: ctypes.CDLL, names: tuple) -> ctypes._CFuncPtr | None:
+    """The library's function by the first of names it has; None where it has none."""
     for name in names:
         if hasattr(library, name):
             return getattr(library, name)
