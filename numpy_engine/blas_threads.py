@@ -8,7 +8,7 @@ spinning worker: attention's blocks on two threads made a step slower (Zen 4, ch
 model over 1024 positions: 1.065), and setting the BLAS to one thread alone does not stop
 the spin. OpenBLAS's own blas_thread_shutdown_, which it runs before a fork, joins the
 workers, and setting the BLAS's threads back starts them again. Stopping and starting
-them took 91-166 us here (three readings, Zen 4).
+them took 95-166 us here (three readings, Zen 4).
 
 Found through /proc/self/maps (Linux) and ctypes: the loaded library whose name holds
 "openblas", and its set/get functions under the names NumPy's wheels (scipy-openblas) and
