@@ -24,6 +24,7 @@ import numpy as np
 
 from numpy_engine import threads
 from numpy_engine.attention_blocks import (
+    EVERY_HEAD,
     QueryBlocks,
     batch_groups,
     piece,
@@ -45,11 +46,6 @@ class AttentionCache(NamedTuple):
     weights: np.ndarray  # (B, H, Tq, Tk), rows sum to 1, hidden entries exactly 0
     drop: np.ndarray | None = None  # the weights' dropout mask (B, H, Tq, Tk); None: none
     query_blocks: QueryBlocks | None = None  # the forward's (query_blocks), for the backward
-
-    def arrays(self, rows: slice) -> tuple:
-        """(q, k, v, weights, drop) of a group of batch rows; a drop of None stays None."""
-        arrays = (self.q, self.k, self.v, self.weights, self.drop)
-        return tuple(None if x is None else x[rows] for x in arrays)
 
 
 def attention_forward(
@@ -93,13 +89,13 @@ def attention_forward(
 def _groups_forward(q, k, v, hidden, weights, y, drop, groups: list[slice]) -> None:
     """_weights and weights @ v a group of batch rows at a time, into weights and y, the
     groups shared by the engine's threads (threads.in_chunks_alone)."""
-    per_row = hidden is not None and hidden.ndim == 4 and len(hidden) > 1  # a (B, ...) mask
 
     def run(_, groups: list) -> None:
         for g in groups:
-            _weights(q[g], k[g], hidden[g] if per_row else hidden, out=weights[g])
-            group_drop = None if drop is None else drop[g]
-            np.matmul(dropped_copy(weights[g], group_drop), v[g], out=y[g])
+            group = (piece(x, g, EVERY_HEAD) for x in (q, k, v, hidden, weights, y, drop))
+            q_g, k_g, v_g, hidden_g, weights_g, y_g, drop_g = group
+            _weights(q_g, k_g, hidden_g, out=weights_g)
+            np.matmul(dropped_copy(weights_g, drop_g), v_g, out=y_g)
 
     threads.in_chunks_alone(run, groups)
 
@@ -163,7 +159,8 @@ def _groups_backward(dy, cache: AttentionCache, out: tuple, groups: list[slice])
 
     def run(_, groups: list) -> None:
         for g in groups:
-            _group_backward(dy[g], *cache.arrays(g), out=tuple(d[g] for d in out))
+            arrays = (piece(x, g, EVERY_HEAD) for x in (dy, *cache[:3], cache.weights, cache.drop))
+            _group_backward(*arrays, out=tuple(piece(d, g, EVERY_HEAD) for d in out))
 
     threads.in_chunks_alone(run, groups)
 
@@ -220,11 +217,11 @@ def _mask_block(scores, hidden, rows: slice, causal: bool) -> None:
         diagonal = scores[..., rows.start :]  # (n, H, b - a, b - a)
         np.fmin(diagonal, hidden[rows, rows.start : stop], out=diagonal)
         return
-    piece = hidden[..., rows, :stop] if hidden.shape[-2] > 1 else hidden[..., :stop]
+    block_hidden = hidden[..., rows, :stop] if hidden.shape[-2] > 1 else hidden[..., :stop]
     if hidden.dtype == bool:
-        np.copyto(scores, -np.inf, where=piece)
+        np.copyto(scores, -np.inf, where=block_hidden)
     else:  # a shared mask's limit: -inf hidden, +inf visible
-        np.fmin(scores, piece, out=scores)
+        np.fmin(scores, block_hidden, out=scores)
 
 
 def _blocks_backward(dy, cache: AttentionCache, blocks: QueryBlocks, out: tuple, pieces) -> None:

@@ -69,7 +69,8 @@ WIDE_KEPT = 0.75
 # run whole); the encoder-decoder over 1000 positions at batch 2, heads of 32 (d_model
 # 256 in 8, 128 in 4) 0.953 and 0.978, of 16 (long-seq2seq; d_model 64 over 2000 at batch
 # 1) 0.984-0.990 and 0.967, of 8 (copy's model) 1.151: narrower heads keep every head
-ALL_HEADS = (slice(None),)
+EVERY_HEAD = slice(None)  # a piece of every head (piece)
+ALL_HEADS = (EVERY_HEAD,)
 ONE_HEAD_WIDTH = 16
 
 

@@ -383,20 +383,20 @@ def spied(work_of_a_piece, pieces: list, blas):
     return run
 
 
-EVERY_HEAD = (slice(None),)
+ALL_HEADS = (slice(None),)
 
 
 @pytest.mark.parametrize(
     "n_threads, n_groups, H, heads, expected",
     [
-        (2, 1, 3, EVERY_HEAD, (slice(0, 1), slice(1, 3))),
-        (2, 1, 8, EVERY_HEAD, (slice(0, 4), slice(4, 8))),
-        (2, 1, 2, EVERY_HEAD, (slice(0, 1), slice(1, 2))),
-        (3, 1, 2, EVERY_HEAD, (slice(0, 1), slice(1, 2))),  # no more parts than heads
-        (3, 2, 4, EVERY_HEAD, (slice(0, 1), slice(1, 2), slice(2, 4))),  # fewer groups
-        (2, 1, 1, EVERY_HEAD, EVERY_HEAD),  # one head: nothing to split
-        (2, 2, 4, EVERY_HEAD, EVERY_HEAD),  # a group a thread
-        (1, 1, 4, EVERY_HEAD, EVERY_HEAD),
+        (2, 1, 3, ALL_HEADS, (slice(0, 1), slice(1, 3))),
+        (2, 1, 8, ALL_HEADS, (slice(0, 4), slice(4, 8))),
+        (2, 1, 2, ALL_HEADS, (slice(0, 1), slice(1, 2))),
+        (3, 1, 2, ALL_HEADS, (slice(0, 1), slice(1, 2))),  # no more parts than heads
+        (3, 2, 4, ALL_HEADS, (slice(0, 1), slice(1, 2), slice(2, 4))),  # fewer groups
+        (2, 1, 1, ALL_HEADS, ALL_HEADS),  # one head: nothing to split
+        (2, 2, 4, ALL_HEADS, ALL_HEADS),  # a group a thread
+        (1, 1, 4, ALL_HEADS, ALL_HEADS),
         (3, 1, 2, (slice(0, 1), slice(1, 2)), (slice(0, 1), slice(1, 2))),  # one-head blocks
     ],
 )
@@ -408,7 +408,7 @@ def test_pieces_are_each_groups_heads_split_only_where_groups_are_fewer_than_thr
     blocks of one head keep theirs."""
     from numpy_engine import attention_blocks as AB
 
-    assert EVERY_HEAD == AB.ALL_HEADS
+    assert ALL_HEADS == AB.ALL_HEADS
     on_threads(n_threads)
     groups = [slice(i, i + 1) for i in range(n_groups)]
     blocks = AB.QueryBlocks((slice(0, 4),), (4,), causal=False, heads=heads)
