@@ -3,6 +3,7 @@
     python -m benchmarks.ab HEAD~1                          # copy and char-lm, 400 pairs
     python -m benchmarks.ab a19a5c1 --configs large --steps 20
     python -m benchmarks.ab HEAD~1 --configs gpt2 --steps 10
+    python -m benchmarks.ab HEAD~1 --configs long-seq2seq --steps 20 --threads 2
 
 The earlier commit's `numpy_engine/` and `benchmarks/` come out of git (`git archive`) into
 a temporary directory, renamed `numpy_engine_old` and `benchmarks_old` (their imports
@@ -11,14 +12,15 @@ by each (the same seeded weights and batches), then training steps alternate old
 (the order flipping each pair) after 5 warm-up pairs. It prints each side's median ms a
 step and the median of the pairs' new / old ratios, with their middle half (first to third
 quartile): two steps taken back to back share the machine's drift, so the ratio resolves
-changes of about half a percent, where separate processes do not. One BLAS thread (set
-before NumPy loads); engine only, no torch.
+changes of about half a percent, where separate processes do not. One thread, or `--threads
+N`: NumPy's BLAS (threadpoolctl) and both engines' own threads (numpy_engine/threads.py);
+engine only, no torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import re
 import statistics
 import subprocess
@@ -26,6 +28,8 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from numpy_engine.cli_args import thread_count
 
 PACKAGES = ("numpy_engine", "benchmarks")
 GPT2 = "gpt2"  # not in workloads.WORKLOADS: its model and batches come from benchmarks/gpt2.py
@@ -100,11 +104,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--steps", type=int, default=400, help="timed pairs of steps per config (default: 400)"
     )
+    parser.add_argument(
+        "--threads",
+        type=thread_count,
+        default=1,
+        help="NumPy's BLAS and the engines' threads, at most the cores this process may use "
+        "(default: 1)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
-    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = "1"  # read when NumPy loads, below
     with tempfile.TemporaryDirectory() as tmp:
         export_old(args.revision, Path(tmp))
         sys.path.insert(0, tmp)
@@ -120,15 +129,37 @@ def main(argv: list[str] | None = None) -> None:
         unknown = set(args.configs) - set(known)
         if unknown:
             parser.error(f"unknown configs {sorted(unknown)}; known: {sorted(known)}")
-        print(f"{args.revision} (old) against the working tree (new), one thread")
-        for name in args.configs:
-            old_ms, new_ms, ratio, (first, third) = alternate(
-                benchmarks_old, benchmarks, name, args.steps
-            )
-            print(
-                f"{name:8s} old {old_ms:9.3f} ms  new {new_ms:9.3f} ms  new/old {ratio:.4f} "
-                f"(middle half of the pairs {first:.4f}-{third:.4f})"
-            )
+        threads = "one thread" if args.threads == 1 else f"{args.threads} threads"
+        print(f"{args.revision} (old) against the working tree (new), {threads}")
+        with on_threads(args.threads):
+            for name in args.configs:
+                old_ms, new_ms, ratio, (first, third) = alternate(
+                    benchmarks_old, benchmarks, name, args.steps
+                )
+                print(
+                    f"{name:8s} old {old_ms:9.3f} ms  new {new_ms:9.3f} ms  new/old "
+                    f"{ratio:.4f} (middle half of the pairs {first:.4f}-{third:.4f})"
+                )
+
+
+@contextlib.contextmanager
+def on_threads(n: int):
+    """NumPy's BLAS and both engines' own threads on n threads for the block's time."""
+    import numpy_engine_old.threads  # type: ignore[import-not-found]
+    from threadpoolctl import threadpool_limits
+
+    import numpy_engine.threads
+
+    engines = (numpy_engine.threads, numpy_engine_old.threads)
+    before = [engine.threads() for engine in engines]
+    for engine in engines:
+        engine.set_threads(n)
+    try:
+        with threadpool_limits(n):
+            yield
+    finally:
+        for engine, count in zip(engines, before, strict=True):
+            engine.set_threads(count)
 
 
 if __name__ == "__main__":

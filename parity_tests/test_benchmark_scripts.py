@@ -311,6 +311,11 @@ def test_ab_loads_the_earlier_commit_side_by_side(tmp_path):
             ["--threads", "100000"],
             "cores this process may use, got 100000",
         ),
+        (
+            "ab",
+            ["HEAD", "--threads", "0"],
+            "argument --threads: must be an integer from 1 to the ",  # this process's cores
+        ),
         ("parallel", ["0"], "argument steps: must be a positive integer, got 0"),
         ("gpt2", ["four"], "argument steps: must be a positive integer, got 'four'"),
         ("generate", ["--tokens", "-3"], "argument --tokens: must be a positive integer, got -3"),
