@@ -37,9 +37,12 @@ def softmax_last(scores: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     return weights
 
 
-def softmax_backward(dweights: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def softmax_backward(
+    dweights: np.ndarray, weights: np.ndarray, row_dots: np.ndarray | None = None
+) -> np.ndarray:
     """See docs/gradients.md#attention. dscores = w * (dw - sum(dw * w)) per row; hidden
     w = 0 gives 0. Overwrites dweights when it is contiguous (a matmul's result is).
+    row_dots: sum(dw * w) (..., 1), where the caller has it cheaper (attention's dy . y).
 
     A row's entries sum to exactly 0. Where one weight dominates (w ~ 1), its entry
     w (dw - sum(w dw)) cancels to a few correct digits, while the others, each w_j times
@@ -50,7 +53,7 @@ def softmax_backward(dweights: np.ndarray, weights: np.ndarray) -> np.ndarray:
     this function's time on char-lm.)
     """
     dscores = dweights if dweights.flags.c_contiguous else np.ascontiguousarray(dweights)
-    dscores -= dot_last(dscores, weights)  # in place: dweights is not needed again
+    dscores -= dot_last(dscores, weights) if row_dots is None else row_dots  # in place
     dscores *= weights
     T = weights.shape[-1]
     top = np.flatnonzero(weights > 0.5)  # (n,) flat indices of the dominant weights

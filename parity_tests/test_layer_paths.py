@@ -220,3 +220,32 @@ def test_row_blocks_hold_about_block_bytes_of_the_first_input(monkeypatch):
     strided = np.zeros((2, 10), np.float64).T  # (10, 2), not C-contiguous
     with pytest.raises(ValueError, match="every output must be C-contiguous"):
         blocking.in_row_blocks(lambda a, o: None, (x,), (strided,))
+
+
+@pytest.mark.parametrize("Tk, hs", [(7, 4), (4, 4), (3, 8)])
+@pytest.mark.parametrize("dropped", [False, True], ids=["", "dropout"])
+def test_attention_takes_each_softmax_rows_sum_from_the_shorter_dot(monkeypatch, dropped, Tk, hs):
+    """The softmax's backward subtracts each row's sum of s dweights * weights. Where the
+    keys outnumber the head's width, attention_backward takes it as s dy . y
+    (attention.scaled_row_dots, from y = (weights * drop) v), else over the keys: float64,
+    the sum itself and the gradients each way agree to rounding, dropout or not."""
+    from numpy_engine import attention as A
+    from numpy_engine.dropout import Dropout, dropped_copy
+
+    rng = np.random.default_rng(1)
+    q, dy = (rng.standard_normal((2, 3, 5, hs)) for _ in range(2))
+    k, v = (rng.standard_normal((2, 3, Tk, hs)) for _ in range(2))
+    visible = random_visible(rng, (2, 3, 5, Tk), "random")
+    drop = Dropout(rng, attn=0.4).mask("attn", (2, 3, 5, Tk), np.float64) if dropped else None
+    y, cache = A.attention_forward(q, k, v, visible, drop=drop)
+    s_dweights = (dy @ v.swapaxes(-1, -2)) * dropped_copy(np.ones_like(cache.weights), drop)
+    s_dweights /= math.sqrt(hs)
+    expected = (s_dweights * cache.weights).sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(A.scaled_row_dots(dy, y), expected, rtol=0, atol=1e-14)
+    taken = []
+    monkeypatch.setattr(A, "scaled_row_dots", lambda *a: taken.append(a) or expected)
+    with_sums = A.attention_backward(dy, cache)
+    assert len(taken) == (Tk > hs)
+    monkeypatch.setattr(A, "scaled_row_dots", lambda *a: None)  # always over the keys
+    for got, over_keys in zip(with_sums, A.attention_backward(dy, cache), strict=True):
+        np.testing.assert_allclose(got, over_keys, rtol=0, atol=1e-13)
