@@ -30,6 +30,7 @@ BACKWARD_CODE = {
         "_groups_backward",
         "_blocks_backward",
         "_head_blocks_backward",
+        "scaled_row_dots",
     ),
     "numpy_engine/multihead.py": (
         "self_attention_backward",

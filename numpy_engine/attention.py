@@ -44,7 +44,7 @@ class AttentionCache(NamedTuple):
     k: np.ndarray  # (B, H, Tk, hs)
     v: np.ndarray  # (B, H, Tk, hs)
     weights: np.ndarray  # (B, H, Tq, Tk), rows sum to 1, hidden entries exactly 0
-    y: np.ndarray  # (B, H, Tq, hs), the output: dy . y is each softmax row's sum (backward)
+    y: np.ndarray  # (B, H, Tq, hs), the output, read by the backward (scaled_row_dots): kept as is
     drop: np.ndarray | None = None  # the weights' dropout mask (B, H, Tq, Tk); None: none
     query_blocks: QueryBlocks | None = None  # the forward's (query_blocks), for the backward
 

@@ -222,21 +222,24 @@ def test_row_blocks_hold_about_block_bytes_of_the_first_input(monkeypatch):
         blocking.in_row_blocks(lambda a, o: None, (x,), (strided,))
 
 
-@pytest.mark.parametrize("Tk, hs", [(7, 4), (4, 4), (3, 8)])
+@pytest.mark.parametrize("Tq, Tk, hs", [(8, 7, 4), (5, 4, 4), (5, 7, 8)])
 @pytest.mark.parametrize("dropped", [False, True], ids=["", "dropout"])
-def test_attention_takes_each_softmax_rows_sum_from_the_shorter_dot(monkeypatch, dropped, Tk, hs):
+def test_attention_takes_each_softmax_rows_sum_from_the_shorter_dot(
+    monkeypatch, dropped, Tq, Tk, hs
+):
     """The softmax's backward subtracts each row's sum of s dweights * weights. Where the
     keys outnumber the head's width, attention_backward takes it as s dy . y
     (attention.scaled_row_dots, from y = (weights * drop) v), else over the keys: float64,
-    the sum itself and the gradients each way agree to rounding, dropout or not."""
+    the sum itself and the gradients each way agree to rounding, dropout or not. (The
+    queries, 5 or 8, are no part of the rule.)"""
     from numpy_engine import attention as A
     from numpy_engine.dropout import Dropout, dropped_copy
 
     rng = np.random.default_rng(1)
-    q, dy = (rng.standard_normal((2, 3, 5, hs)) for _ in range(2))
+    q, dy = (rng.standard_normal((2, 3, Tq, hs)) for _ in range(2))
     k, v = (rng.standard_normal((2, 3, Tk, hs)) for _ in range(2))
-    visible = random_visible(rng, (2, 3, 5, Tk), "random")
-    drop = Dropout(rng, attn=0.4).mask("attn", (2, 3, 5, Tk), np.float64) if dropped else None
+    visible = random_visible(rng, (2, 3, Tq, Tk), "random")
+    drop = Dropout(rng, attn=0.4).mask("attn", (2, 3, Tq, Tk), np.float64) if dropped else None
     y, cache = A.attention_forward(q, k, v, visible, drop=drop)
     s_dweights = (dy @ v.swapaxes(-1, -2)) * dropped_copy(np.ones_like(cache.weights), drop)
     s_dweights /= math.sqrt(hs)
@@ -249,3 +252,58 @@ def test_attention_takes_each_softmax_rows_sum_from_the_shorter_dot(monkeypatch,
     monkeypatch.setattr(A, "scaled_row_dots", lambda *a: None)  # always over the keys
     for got, over_keys in zip(with_sums, A.attention_backward(dy, cache), strict=True):
         np.testing.assert_allclose(got, over_keys, rtol=0, atol=1e-13)
+
+
+def _attention_handing_sums(monkeypatch, path: str, hs: int, rng) -> tuple:
+    """Attention over 8 queries and 7 keys of hs channels on a forced path (one group, batch
+    groups, blocks), its backward with each softmax_backward call's row sums recorded:
+    (grads, the sums each call was handed, the one-group grads, dy, y)."""
+    from numpy_engine import attention as A
+    from numpy_engine import attention_blocks as AB
+
+    q, dy = (rng.standard_normal((3, 2, 8, hs)) for _ in range(2))
+    k, v = (rng.standard_normal((3, 2, 7, hs)) for _ in range(2))
+    visible = random_visible(rng, (3, 2, 8, 7), "padding")
+    one_group = A.attention_backward(dy, A.attention_forward(q, k, v, visible)[1])
+    if path == "batch groups":  # one batch row's float64 scores a group
+        monkeypatch.setattr(AB, "WHOLE_BYTES", 0)
+        monkeypatch.setattr(AB, "GROUP_BYTES", 2 * 8 * 7 * 8)
+    elif path == "blocks":  # 3 queries a block, of every head
+        monkeypatch.setattr(AB, "GROUP_BYTES", 0)
+        monkeypatch.setattr(AB, "BLOCK_BYTES", 3 * 2 * 7 * 8)
+    y, cache = A.attention_forward(q, k, v, visible)
+    assert (cache.query_blocks is not None) == (path == "blocks")
+    handed, softmax_backward = [], A.softmax_backward
+    monkeypatch.setattr(
+        A,
+        "softmax_backward",
+        lambda d, w, sums=None: handed.append(sums) or softmax_backward(d, w, sums),
+    )
+    grads = A.attention_backward(dy, cache)
+    assert len(handed) >= {"one group": 1, "batch groups": 3, "blocks": 3}[path]
+    return grads, handed, one_group, dy, y
+
+
+@pytest.mark.parametrize("path", ["one group", "batch groups", "blocks"])
+def test_each_softmax_row_is_handed_its_sum_once_on_every_path(monkeypatch, path):
+    """Where the keys (7) outnumber the channels (4), every softmax_backward call of
+    attention's backward, on each of its paths, is handed its rows' sums from
+    scaled_row_dots: all the calls' sums together are every row's, each once."""
+    from numpy_engine import attention as A
+
+    rng = np.random.default_rng(2)
+    _, handed, _, dy, y = _attention_handing_sums(monkeypatch, path, 4, rng)
+    assert all(sums is not None for sums in handed)
+    every = np.sort(np.concatenate([sums.ravel() for sums in handed]))
+    assert np.array_equal(every, np.sort(A.scaled_row_dots(dy, y).ravel()))
+
+
+def test_blocks_over_more_channels_than_keys_take_the_sums_over_the_keys(monkeypatch):
+    """Over 8 channels and 7 keys no softmax_backward call is handed sums, and the blocks'
+    gradients are one group's to rounding (float64)."""
+    grads, handed, one_group, _, _ = _attention_handing_sums(
+        monkeypatch, "blocks", 8, np.random.default_rng(3)
+    )
+    assert all(sums is None for sums in handed)
+    for got, expected in zip(grads, one_group, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
