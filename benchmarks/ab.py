@@ -144,13 +144,17 @@ def main(argv: list[str] | None = None) -> None:
 
 @contextlib.contextmanager
 def on_threads(n: int):
-    """NumPy's BLAS and both engines' own threads on n threads for the block's time."""
-    import numpy_engine_old.threads  # type: ignore[import-not-found]
+    """NumPy's BLAS and both engines' own threads on n threads for the block's time (an
+    engine older than numpy_engine/threads.py has none of its own)."""
     from threadpoolctl import threadpool_limits
 
     import numpy_engine.threads
 
-    engines = (numpy_engine.threads, numpy_engine_old.threads)
+    engines = [numpy_engine.threads]
+    with contextlib.suppress(ModuleNotFoundError):
+        import numpy_engine_old.threads  # type: ignore[import-not-found]
+
+        engines.append(numpy_engine_old.threads)
     before = [engine.threads() for engine in engines]
     for engine in engines:
         engine.set_threads(n)
