@@ -144,26 +144,24 @@ def main(argv: list[str] | None = None) -> None:
 
 @contextlib.contextmanager
 def on_threads(n: int):
-    """NumPy's BLAS and both engines' own threads on n threads for the block's time (an
-    engine older than numpy_engine/threads.py has none of its own)."""
-    from threadpoolctl import threadpool_limits
+    """workloads.on_threads(n), NumPy's BLAS and this engine's own threads, and the old
+    engine's threads too, for the block's time (an engine older than
+    numpy_engine/threads.py has none of its own)."""
+    from benchmarks.workloads import on_threads as blas_and_engine_on_threads
 
-    import numpy_engine.threads
-
-    engines = [numpy_engine.threads]
-    with contextlib.suppress(ModuleNotFoundError):
-        import numpy_engine_old.threads  # type: ignore[import-not-found]
-
-        engines.append(numpy_engine_old.threads)
-    before = [engine.threads() for engine in engines]
-    for engine in engines:
-        engine.set_threads(n)
     try:
-        with threadpool_limits(n):
+        import numpy_engine_old.threads as old  # type: ignore[import-not-found]
+    except ModuleNotFoundError:
+        old = None
+    before = old.threads() if old else None
+    if old:
+        old.set_threads(n)
+    try:
+        with blas_and_engine_on_threads(n):
             yield
     finally:
-        for engine, count in zip(engines, before, strict=True):
-            engine.set_threads(count)
+        if old:
+            old.set_threads(before)
 
 
 if __name__ == "__main__":

@@ -233,7 +233,7 @@ def test_attention_takes_each_softmax_rows_sum_from_the_shorter_dot(
     the sum itself and the gradients each way agree to rounding, dropout or not. (The
     queries, 5 or 8, are no part of the rule.)"""
     from numpy_engine import attention as A
-    from numpy_engine.dropout import Dropout, dropped_copy
+    from numpy_engine.dropout import Dropout
 
     rng = np.random.default_rng(1)
     q, dy = (rng.standard_normal((2, 3, Tq, hs)) for _ in range(2))
@@ -241,8 +241,9 @@ def test_attention_takes_each_softmax_rows_sum_from_the_shorter_dot(
     visible = random_visible(rng, (2, 3, Tq, Tk), "random")
     drop = Dropout(rng, attn=0.4).mask("attn", (2, 3, Tq, Tk), np.float64) if dropped else None
     y, cache = A.attention_forward(q, k, v, visible, drop=drop)
-    s_dweights = (dy @ v.swapaxes(-1, -2)) * dropped_copy(np.ones_like(cache.weights), drop)
-    s_dweights /= math.sqrt(hs)
+    s_dweights = dy @ v.swapaxes(-1, -2) / math.sqrt(hs)  # dweights times the scale
+    if drop is not None:
+        s_dweights *= drop
     expected = (s_dweights * cache.weights).sum(axis=-1, keepdims=True)
     np.testing.assert_allclose(A.scaled_row_dots(dy, y), expected, rtol=0, atol=1e-14)
     taken = []
