@@ -20,7 +20,7 @@ ENGINE_PARTS = {  # part: functions timed, by module
     "attention": {"attention": ["attention_forward", "attention_backward"]},
     "heads": {"multihead": ["split_heads", "heads_buffer", "stacked", "unstacked"]},
     "layernorm": {
-        "layers": [
+        "layernorm": [
             "layernorm_forward",
             "layernorm_backward",
             "normalize_forward",
@@ -74,10 +74,11 @@ def _instrument(timer: PartTimer) -> list:
     each back."""
     import numpy_engine.models.base as base
     import numpy_engine.optim as optim
-    from numpy_engine import activations, attention, layers, losses, multihead
+    from numpy_engine import activations, attention, layernorm, layers, losses, multihead
 
     sources = {
         "layers": layers,
+        "layernorm": layernorm,
         "activations": activations,
         "attention": attention,
         "multihead": multihead,

@@ -15,15 +15,13 @@ from numpy_engine.checks import InputError
 from numpy_engine.dropout import Dropout, dropped, dropped_copy, site_mask
 from numpy_engine.keys import sub
 from numpy_engine.kvcache import KeysValues, KeyValueBuffer
-from numpy_engine.layers import (
-    ffn_backward,
-    ffn_forward,
-    input_affine_grads,
+from numpy_engine.layernorm import (
     layernorm_backward,
     layernorm_forward,
     normalize_backward,
     normalize_forward,
 )
+from numpy_engine.layers import ffn_backward, ffn_forward, input_affine_grads
 from numpy_engine.multihead import (
     cross_attention_backward,
     cross_attention_forward,

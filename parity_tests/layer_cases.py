@@ -17,6 +17,7 @@ import torch_reference.modules as TM
 from numpy_engine import activations as Act
 from numpy_engine import attention as A
 from numpy_engine import blocks, losses, masks
+from numpy_engine import layernorm as LN
 from numpy_engine import layers as L
 from numpy_engine import multihead as MH
 from numpy_engine import params as P
@@ -130,8 +131,8 @@ def layernorm(rng, B, T, C, mean=1.0) -> LayerCase:
     return LayerCase(
         "layernorm",
         inputs,
-        lambda i: L.layernorm_forward(i["x"], i["weight"], i["bias"]),
-        gradients(L.layernorm_backward, "x"),
+        lambda i: LN.layernorm_forward(i["x"], i["weight"], i["bias"]),
+        gradients(LN.layernorm_backward, "x"),
         lambda t: F.layer_norm(t["x"], (C,), t["weight"], t["bias"], eps=1e-5),
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from numpy_engine.layers import normalize_forward
+from numpy_engine.layernorm import normalize_forward
 from parity_tests.float32_panel import KINDS, LAYER_KINDS, draw, model_case
 from parity_tests.helpers import layer_outputs
 from parity_tests.test_models import model_float32_checks
@@ -115,11 +115,11 @@ def test_layernorm_float32_rows_with_a_small_mean_skip_the_second_pass_within_th
 def test_layernorm_takes_the_second_mean_only_past_2_std(monkeypatch, mean_over_std, means_taken):
     """The second pass (a second mean_last) runs when some row's |mean| exceeds 2 std, and
     only then: one such row among centred ones is enough."""
-    from numpy_engine import layers
+    from numpy_engine import layernorm
 
     calls = []
-    real_mean_last = layers.mean_last
-    monkeypatch.setattr(layers, "mean_last", lambda x: calls.append(1) or real_mean_last(x))
+    real_mean_last = layernorm.mean_last
+    monkeypatch.setattr(layernorm, "mean_last", lambda x: calls.append(1) or real_mean_last(x))
     z = np.tile([-1.0, 1.0], (3, 8))  # rows of mean 0 and std 1
     z[1] += mean_over_std
     normalize_forward(z.astype(np.float32))

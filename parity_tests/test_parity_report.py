@@ -16,7 +16,7 @@ import numpy_engine.blocks
 from crosscheck.cli import main  # in-process, so that monkeypatch reaches the engine
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.cli import main as engine_main
-from numpy_engine.layers import layernorm_backward
+from numpy_engine.layernorm import layernorm_backward
 from numpy_engine.study import CHECKPOINT_LENGTH, EXAMPLE_ROWS, checkpoint_example
 
 

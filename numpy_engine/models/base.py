@@ -20,7 +20,8 @@ from numpy_engine.activations import ACTIVATIONS
 from numpy_engine.checks import InputError
 from numpy_engine.dropout import drops, step_dropout
 from numpy_engine.keys import sub
-from numpy_engine.layers import layernorm_forward, linear_forward
+from numpy_engine.layernorm import layernorm_forward
+from numpy_engine.layers import linear_forward
 from numpy_engine.losses import cross_entropy_backward, cross_entropy_forward
 from numpy_engine.memory import aligned_empty
 from numpy_engine.params import check_param, check_param_keys, check_params, flatten, unflatten

@@ -25,11 +25,10 @@ from numpy_engine.blocks import (
 from numpy_engine.checks import InputError
 from numpy_engine.dropout import check_rates, dropped, drops, site_mask
 from numpy_engine.keys import with_prefix
+from numpy_engine.layernorm import layernorm_backward, layernorm_forward
 from numpy_engine.layers import (
     embedding_backward,
     embedding_forward,
-    layernorm_backward,
-    layernorm_forward,
     linear_backward,
     linear_forward,
     sinusoidal_backward,
