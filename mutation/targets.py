@@ -192,6 +192,7 @@ CODE = {"backward": BACKWARD_CODE, "forward": FORWARD_CODE}
 NUMBER_TESTS = (
     "parity_tests/test_reductions.py",
     "parity_tests/test_bad_input.py",  # the guards in this code: each refusal and its message
+    "parity_tests/test_malformed_input.py",  # the same guards, against drawn input
     "parity_tests/test_semantics.py",
     "parity_tests/test_models.py",
     "parity_tests/test_optim.py",
