@@ -204,6 +204,7 @@ NUMBER_TESTS = (
     "parity_tests/test_layers.py",
     "parity_tests/test_layer_paths.py",
     "parity_tests/test_query_blocks.py",
+    "parity_tests/test_attention_threads.py",
     "parity_tests/test_activations.py",
     "parity_tests/test_gpt2.py",
     "parity_tests/test_models_fd.py",
