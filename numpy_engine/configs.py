@@ -22,7 +22,8 @@ class SequenceTrainConfig:
     min_lr: float = 0.0  # where linear and cosine decay towards
     dropout: float | None = None  # every dropout site's rate (dropout.py); None: the model's, 0
 
-    optimizer_class = Adam  # not a field: what optimizer() makes (loop.check_step_fits reads it)
+    # not a field: what optimizer() makes (step_memory.check_step_fits reads it)
+    optimizer_class = Adam
 
     def optimizer(self, params: dict) -> Optimizer:
         return self.optimizer_class(params, lr=self.lr)

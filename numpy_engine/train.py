@@ -35,7 +35,6 @@ from numpy_engine.loop import (
     TrainRun,
     TrainState,
     check_run_config,
-    check_step_fits,
     empty_history,
     final_train_loss,
     run_loop,
@@ -49,6 +48,7 @@ from numpy_engine.saved_runs import (
     resumed_state,
     save_run,
 )
+from numpy_engine.step_memory import check_step_fits
 from numpy_engine.tasks import (
     DEFAULT_TEXT,
     EOS,

@@ -117,11 +117,11 @@ def disk_full_on_rank_0(out: str) -> int:
 
 def char_lm_with_memory(step_bytes, available_bytes) -> int:
     """train char-lm --data-parallel with the memory check's two readings replaced: what a
-    rank's step is counted at (loop.step_bytes) and what it reads free."""
-    from numpy_engine import loop, memory
+    rank's step is counted at (step_memory.step_bytes) and what it reads free."""
+    from numpy_engine import memory, step_memory
     from numpy_engine.cli import main as cli_main
 
-    loop.step_bytes, memory.available_bytes = step_bytes, available_bytes
+    step_memory.step_bytes, memory.available_bytes = step_bytes, available_bytes
     return cli_main(["train", "char-lm", "--data-parallel", "--steps", "5", "--quiet"])
 
 

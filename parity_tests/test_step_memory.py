@@ -1,6 +1,6 @@
 """What a training run checks against free memory before its first step
-(loop.check_step_fits, which refuses a run whose steps would not fit): the bytes it counts
-(loop.step_bytes) are at least what the run's first steps allocate, measured with
+(step_memory.check_step_fits, which refuses a run whose steps would not fit): the bytes it counts
+(step_memory.step_bytes) are at least what the run's first steps allocate, measured with
 tracemalloc (NumPy reports its arrays to it), for every kind, size and dtype drawn, and not
 so many more that a run that fits would be refused. What reading a checkpoint holds:
 test_read_memory.py."""
@@ -20,15 +20,7 @@ from hypothesis import strategies as st
 from numpy_engine import loop, memory, train
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.configs import CharTrainConfig, SequenceTrainConfig
-from numpy_engine.loop import (
-    STEP_OVERHEAD_BYTES,
-    Checkpointing,
-    TrainState,
-    check_step_fits,
-    empty_history,
-    run_loop,
-    step_bytes,
-)
+from numpy_engine.loop import Checkpointing, TrainState, empty_history, run_loop
 from numpy_engine.models import (
     GPT2,
     GPT2Config,
@@ -39,6 +31,7 @@ from numpy_engine.models import (
 )
 from numpy_engine.optim import AdamW
 from numpy_engine.parallel import DataParallel, OneProcess
+from numpy_engine.step_memory import STEP_OVERHEAD_BYTES, check_step_fits, step_bytes
 from numpy_engine.tasks import sequence_task
 
 # Counted over measured, at most: the count is generous (a layer's activations are counted

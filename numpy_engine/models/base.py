@@ -168,7 +168,7 @@ class Model:
         """A generous count of the values one training step holds beyond the parameters and
         their gradients: activations and their gradients, attention scores, logits, the
         stacked projection weights each layer keeps for its backward, and a block's weights
-        held again at once (WEIGHT_COPIES). loop.check_step_fits adds the gradients and the
+        held again at once (WEIGHT_COPIES). step_memory.check_step_fits adds the gradients and the
         optimizer's moments and checks the sum against free memory before training starts."""
         raise NotImplementedError
 
