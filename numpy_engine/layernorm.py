@@ -3,7 +3,8 @@ shift (normalize_forward / normalize_backward), which blocks.py uses where a lay
 scale and shift fold into the projection it feeds (layers.linear_forward's affine).
 The derivation of the backward's three terms: docs/gradients.md#layernorm.
 
-Shape legend: C channels (d_model); a leading axis (..., C) is any number of rows.
+Shape legend: x is (..., C), any leading axes, each row normalized over its C channels
+(d_model).
 """
 
 from __future__ import annotations
