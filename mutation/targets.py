@@ -197,6 +197,7 @@ NUMBER_TESTS = (
     "parity_tests/test_models.py",
     "parity_tests/test_optim.py",
     "parity_tests/test_clipping.py",
+    "parity_tests/test_optimizer_threads.py",
     "parity_tests/test_mechanisms.py",
     "parity_tests/test_kvcache.py",
     "parity_tests/test_generate.py",

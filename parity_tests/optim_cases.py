@@ -1,7 +1,8 @@
 """The optimizer tests' parameters and gradients: three named views of one flat float64 vector,
 as a model holds them, and ten steps of an engine optimizer beside torch's twin on the same
 gradients. test_optim.py checks the update rules with them, test_clipping.py the norm,
-clipping and the gradients read block by block.
+clipping and the gradients read block by block, test_optimizer_threads.py the step on
+the engine's threads.
 """
 
 from __future__ import annotations

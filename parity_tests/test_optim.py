@@ -5,7 +5,7 @@ Ten steps from the same parameters and the same gradient sequence; parameters an
 every moment must agree within 1e-12 relative (normwise per tensor). The engine's side
 works as a model does: named views of one flat vector, stepped with one flat gradient
 (parity_tests/optim_cases.py). Clipping and the gradients read block by block:
-test_clipping.py.
+test_clipping.py; the step on the engine's threads: test_optimizer_threads.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The engine's own threads (numpy_engine/threads.py): how work is cut and run, and what a
-helper thread takes from its caller. The optimizer on several threads: test_clipping.py."""
+helper thread takes from its caller. The optimizer on several threads: test_optimizer_threads.py."""
 
 from __future__ import annotations
 
