@@ -1,7 +1,7 @@
 """The optimizer's step on the engine's threads (threads.py, clipping.py): each thread takes
 a run of the flat vectors' blocks, and the parameters, moments and gradient norm are one
-thread's bits, clipped or not, in blocks the size of the tests' and of the real ones; a NaN
-in a helper's blocks stops the step before anything moves. The step on one thread, against
+thread's bits, clipped or not, in blocks of three entries and of the real 256 KB; a NaN in
+a helper's blocks stops the step before anything moves. The step on one thread, against
 torch: test_optim.py and test_clipping.py.
 """
 
