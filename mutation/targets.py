@@ -65,6 +65,8 @@ BACKWARD_CODE = {
         "_squares",
         "clip_coefficient",
         "Gradients.block",
+        "in_thread_runs",
+        "thread_runs",
     ),
     "numpy_engine/optim.py": (
         "Optimizer.step",
@@ -77,6 +79,7 @@ BACKWARD_CODE = {
     ),
     "numpy_engine/threads.py": (  # the optimizer's runs of blocks, attention's pieces
         "in_chunks",
+        "chunk_count",
         "in_chunks_alone",
         "_only_the_engines_threads",
     ),

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from numpy_engine.blocking import slices
-from numpy_engine.threads import in_chunks
+from numpy_engine.threads import chunk_count, in_chunks
 
 if TYPE_CHECKING:
     from numpy_engine.optim import Optimizer
@@ -45,6 +45,11 @@ def in_thread_runs(work: Callable[[int, list[slice]], object], pieces: list[slic
     """work(thread, run of pieces) on the engine's threads, at least THREAD_BLOCKS blocks a
     thread (threads.in_chunks): the results of each run, in the pieces' order."""
     return in_chunks(work, pieces, THREAD_BLOCKS)
+
+
+def thread_runs(pieces: list[slice]) -> int:
+    """How many threads in_thread_runs runs these pieces on."""
+    return chunk_count(len(pieces), THREAD_BLOCKS)
 
 
 def clip_grad_norm(flat_grads: np.ndarray, max_norm: float) -> float:

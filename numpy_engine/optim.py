@@ -37,10 +37,10 @@ from numpy_engine.clipping import (
     clip_grad_norm,
     in_thread_runs,
     norm_of_blocks,
+    thread_runs,
 )
 from numpy_engine.memory import aligned_empty, aligned_zeros
 from numpy_engine.params import unflatten
-from numpy_engine.threads import threads
 
 __all__ = [  # clip_grad_norm and NonFiniteGradients are clipping.py's, known from here too
     "SGD",
@@ -139,8 +139,9 @@ class Optimizer:
         return norm if max_grad_norm is not None else None
 
     def _scratches(self) -> list[np.ndarray]:
-        """Three scratch rows for each thread the step runs on (see __init__)."""
-        while len(self.scratches) < threads():
+        """Three scratch rows for each thread the step runs on (see __init__): only the
+        caller's where the blocks are too few to share (char-lm's 3 run on one thread)."""
+        while len(self.scratches) < thread_runs(self.pieces):
             self.scratches.append(aligned_empty((3, self.block_entries), self.dtype))
         return self.scratches
 

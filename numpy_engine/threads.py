@@ -89,8 +89,8 @@ def in_chunks(work: Callable[[int, list], Result], items: list, least: int = 1) 
     caller, the others by the helpers at the same time. Returns when every chunk is done,
     with their results in order; a chunk's exception is raised then, the first chunk's
     first. The helpers handle NumPy's floating-point errors as the caller does (np.errstate)."""
-    n = min(_threads, len(items) // least)
-    if n <= 1:
+    n = chunk_count(len(items), least)
+    if n == 1:
         return [work(0, items)]
     chunks = [items[i * len(items) // n : (i + 1) * len(items) // n] for i in range(n)]
     errors = np.geterr()  # NumPy's error handling is the thread's own: the helpers take the
@@ -109,6 +109,12 @@ def in_chunks(work: Callable[[int, list], Result], items: list, least: int = 1) 
         if failure is not None:
             raise failure
     return [first, *(future.result() for future in helpers)]
+
+
+def chunk_count(n_items: int, least: int = 1) -> int:
+    """How many threads in_chunks runs n_items on: one chunk a thread, each of at least
+    `least` items, and never fewer than one."""
+    return max(1, min(_threads, n_items // least))
 
 
 def in_chunks_alone(work: Callable[[int, list], Result], items: list) -> list[Result]:
