@@ -66,7 +66,6 @@ BACKWARD_CODE = {
         "clip_coefficient",
         "Gradients.block",
         "in_thread_runs",
-        "thread_runs",
     ),
     "numpy_engine/optim.py": (
         "Optimizer.step",
