@@ -111,7 +111,7 @@ def in_chunks(work: Callable[[int, list], Result], items: list, least: int = 1) 
     return [first, *(future.result() for future in helpers)]
 
 
-def chunk_count(n_items: int, least: int = 1) -> int:
+def chunk_count(n_items: int, least: int) -> int:
     """How many threads in_chunks runs n_items on: one chunk a thread, each of at least
     `least` items, and never fewer than one."""
     return max(1, min(_threads, n_items // least))

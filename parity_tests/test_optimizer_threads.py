@@ -111,5 +111,5 @@ def test_the_optimizer_holds_scratch_rows_for_the_threads_its_step_runs_on(
     optimizer = AdamW(unflatten(flat, {"w": flat}), lr=0.01)
     assert len(optimizer.pieces) == n_blocks
     optimizer.step(flat, {"w": np.ones(entries, np.float32)}, max_grad_norm=1.0)
-    assert len(optimizer.scratches) == scratches
+    assert [s.shape for s in optimizer.scratches] == [(3, optimizer.block_entries)] * scratches
     assert clipping.thread_runs(optimizer.pieces) == scratches
