@@ -75,6 +75,23 @@ def test_float32_bound_is_32_times_the_sensitivity_or_its_floor():
     assert exact["b"].bound == 32 * FLOAT32_TINY * 3 and exact["b"].ok
 
 
+def test_float32_bound_allows_a_results_own_rounding_where_no_input_moves_it():
+    """A float32 result is rounded as it is stored: where no input moves it (GELU's output at
+    its minimum) and the case's other sensitivities are tiny, the bound is still 32 u of
+    its norm, so a value a few u off passes and one 40 u off does not."""
+    y = -0.17
+    golden = {"y": np.array([y]), "dx": np.array([1e-3])}
+    sensitivity = {"y": 0.0, "dx": 1e-12}
+
+    def off_by(units):
+        ours = {"y": np.array([y * (1 + units * U)]), "dx": np.array([1e-3], np.float32)}
+        return float32_checks(ours, golden, sensitivity)["y"]
+
+    assert off_by(2).bound == 32 * (U * abs(y) + FLOAT32_TINY)
+    assert off_by(2).ok and off_by(2).ratio < 0.07
+    assert not off_by(40).ok
+
+
 def test_a_nan_error_is_the_worst_ratio_and_fails_its_check():
     """A float32 result with a NaN in it fails its check, and its ratio is inf, so that the
     worst ratio over many tensors or draws (Python's max keeps the first of two values that
