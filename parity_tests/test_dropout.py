@@ -157,6 +157,16 @@ def test_the_dropout_draw_that_lost_digits_stays_within_the_bound():
     assert worst < 0.5, f"the dropout draw 2127 reached {worst:.3f} of the float32 bound"
 
 
+def test_a_models_sensitivity_from_few_draws_no_longer_fails_a_correct_step():
+    """The survey's draw 100421 (a seq2seq model, three rows of two targets): with 3 random
+    draws the sensitivity of decoder.0.ffn.fc2's gradient read 3.6e-8, a quarter of what 64
+    draws read (1.4e-7), and the engine's error, 36 of that, 1.13 of the bound; with
+    WHOLE_MODEL_DRAWS (16) the worst tensor reads 0.54."""
+    checks = dropout_draw("seq2seq", 100421)
+    worst = max(check.ratio for check in checks.values())
+    assert worst < 0.8, f"the dropout draw 100421 reached {worst:.3f} of the float32 bound"
+
+
 @given(case=gpt_cases(), rate=rates.filter(bool))
 def test_minigpt_dropout_gradients_match_finite_differences(case, rate):
     """Under fixed masks (the same generator state every call) the loss is a smooth
