@@ -153,16 +153,24 @@ def test_sensitivity_of_many_entries_is_at_least_all_moved_up_together():
     random_rms = U * np.sqrt(np.sum((x * w) ** 2))  # for each input alone
     assert np.sqrt(2) * max(up, 0.5 * random_rms) <= s["y"] <= 3 * np.sqrt(2) * random_rms
     together = sensitivities(run, {"x": x, "w": w}, np.random.default_rng(0), per_input=False)
-    assert abs(together["x2"] - s["x2"]) <= 1e-6 * s["x2"]  # w does not move x2
+    # w does not move x2: at least its exact "up", and the RMS of 16 random moves of x alone
+    assert s["x2"] * (1 - 1e-6) <= together["x2"] <= 1.2 * s["x2"]
 
 
-@pytest.mark.parametrize(("size", "calls"), [(16, 1 + 16), (17, 1 + 1 + 2)])
-def test_up_to_16_entries_move_one_at_a_time_and_more_move_up_and_twice_at_random(size, calls):
+@pytest.mark.parametrize(
+    ("size", "per_input", "calls"),
+    [(16, True, 1 + 16), (17, True, 1 + 1 + 2), (16, False, 1 + 16), (17, False, 1 + 1 + 16)],
+)
+def test_up_to_16_entries_move_one_at_a_time_and_more_move_up_and_then_at_random(
+    size, per_input, calls
+):
+    """A group of more than 16 entries moves up once, then at random: twice for one input's
+    group, 16 times (JOINT_DRAWS) where every input moves at once."""
     counted = []
 
     def run(inputs):
         counted.append(1)
         return {"y": 2 * inputs["x"]}
 
-    sensitivities(run, {"x": np.ones(size)}, np.random.default_rng(0))
+    sensitivities(run, {"x": np.ones(size)}, np.random.default_rng(0), per_input)
     assert len(counted) == calls

@@ -161,7 +161,7 @@ def test_a_models_sensitivity_from_few_draws_no_longer_fails_a_correct_step():
     """The survey's draw 100421 (a seq2seq model, three rows of two targets): with 3 random
     draws the sensitivity of decoder.0.ffn.fc2's gradient read 3.6e-8, a quarter of what 64
     draws read (1.4e-7), and the engine's error, 36 of that, 1.13 of the bound; with
-    WHOLE_MODEL_DRAWS (16) the worst tensor reads 0.54."""
+    compare.JOINT_DRAWS (16) the worst tensor reads 0.54."""
     checks = dropout_draw("seq2seq", 100421)
     worst = max(check.ratio for check in checks.values())
     assert worst < 0.8, f"the dropout draw 100421 reached {worst:.3f} of the float32 bound"
