@@ -174,3 +174,18 @@ def test_up_to_16_entries_move_one_at_a_time_and_more_move_up_and_then_at_random
 
     sensitivities(run, {"x": np.ones(size)}, np.random.default_rng(0), per_input)
     assert len(counted) == calls
+
+
+@pytest.mark.parametrize(("per_input", "calls"), [(True, 1 + 2 * (1 + 2)), (False, 1 + 1 + 16)])
+def test_inputs_move_one_group_each_or_all_in_one_group(per_input, calls):
+    """Two inputs of 17 entries: a group each (up, then twice at random, for each), or one
+    group of all 34 (up, then 16 times at random)."""
+    counted = []
+
+    def run(inputs):
+        counted.append(1)
+        return {"y": inputs["x"] + inputs["w"]}
+
+    inputs = {"x": np.ones(17), "w": np.ones(17)}
+    sensitivities(run, inputs, np.random.default_rng(0), per_input)
+    assert len(counted) == calls
