@@ -103,8 +103,8 @@ def test_the_optimizer_holds_scratch_rows_for_the_threads_its_step_runs_on(
 ):
     """On two threads, a vector of char-lm's 3 blocks is updated on the caller's thread
     alone, so its optimizer holds one set of three scratch rows; one of twice THREAD_BLOCKS
-    blocks runs on both threads, each with rows of its own. (Every step had made rows for
-    each thread: 0.75 MiB more of char-lm's step peak, never used.)"""
+    blocks runs on both threads, each with rows of its own. (The first step had made rows
+    for each thread: 0.75 MiB more of char-lm's step peak, never used.)"""
     on_threads(2)
     entries = n_blocks * (clipping.BLOCK_BYTES // 4)  # float32
     flat = np.zeros(entries, np.float32)
