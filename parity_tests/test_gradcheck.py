@@ -13,6 +13,7 @@ import pytest
 
 from numpy_engine.checks import InputError, InputTypeError
 from numpy_engine.gradcheck import (
+    PLAIN_SHARE,
     check_directions,
     check_gradient,
     directional_derivative,
@@ -169,10 +170,11 @@ def nudges_seen(f, x):
 
 @pytest.mark.parametrize("checker", ["check_gradient", "check_directions"])
 def test_the_default_steps_are_tried_in_turn_until_one_is_within_1e_6(checker):
-    """Noise is measured 1e-6 apart; then steps 1e-5 and 1e-4, each with its half."""
+    """Noise is measured 1e-6 apart; then the step 1e-5 plain, then 1e-5 and 1e-4 each with
+    its half (Richardson): the plain 1e-5 is within 1e-6 of a gradient off by 1e-8."""
     x = np.array([0.7, -0.2])
     noise_points = {0.0, 1e-6, 2e-6, 3e-6, 4e-6}
-    for off_by, steps in [(1e-8, {1e-5, 5e-6}), (1.5e-6, {1e-5, 5e-6, 1e-4, 5e-5})]:
+    for off_by, steps in [(1e-8, {1e-5}), (1.5e-6, {1e-5, 5e-6, 1e-4, 5e-5})]:
         f, seen = nudges_seen(cubic(x), x)
         analytic = 3 * x**2 * (1 + off_by)
         if checker == "check_gradient":
@@ -207,10 +209,24 @@ def test_the_best_of_the_steps_is_kept_and_the_first_within_tolerance_ends_the_s
         return float(np.sum(x**3))
 
     check_directions(counted, x, 3 * x**2, [0], steps=(1e-5, 1e-4), noise=1e-16)
-    assert len(calls) == 1 + 4  # f at x, then one step's two central differences
+    assert len(calls) == 1 + 2  # f at x, then one step's plain central difference
     calls.clear()  # x's region given (region_at, once for many tensors): f at x is not asked
     check_directions(counted, x, 3 * x**2, [0], steps=(1e-5, 1e-4), noise=1e-16, region=None)
-    assert len(calls) == 4
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("h", [1e-2, 1e-3])
+def test_the_richardson_step_follows_a_plain_difference_not_within_a_hundredth_of_tolerance(h):
+    """On sum(x^3) the plain difference is off by h^2 an entry: at h = 1e-2, 7e-5 of the
+    gradient at 0.7, over the tolerance; at 1e-3, 7e-7, within it but not within its
+    hundredth (PLAIN_SHARE). Either way the extrapolated estimate, exact for a cubic, is
+    taken."""
+    x = np.array([0.7, -0.2])
+    f, seen = nudges_seen(cubic(x), x)
+    check = check_directions(f, x, 3 * x**2, [0, 1], steps=(h,), noise=1e-16)
+    assert check.error <= 1e-12 and np.abs(check.numeric - 3 * x**2).max() <= 1e-12
+    assert seen == {0.0, h, h / 2}  # x, the plain step, then the half step
+    assert PLAIN_SHARE == 0.01
 
 
 def test_f_terms_raise_the_noise_for_a_gradient_that_is_truly_zero():

@@ -33,8 +33,9 @@ def test_the_grads_study_is_each_parameters_gradient_against_its_differences():
 
 def test_the_grads_study_measures_the_losss_rounding_once(monkeypatch):
     """Nine evaluations of the loss for its rounding, for the whole study; then per parameter
-    one for its region and four an entry (two central differences, for the Richardson step)
-    when the first step agrees, as every one does on this smooth (GELU) model."""
+    one for its region, two an entry for the first step's plain central difference, and four
+    for each Richardson estimate where that was not within a hundredth of the tolerance
+    (some of the entries, on this smooth (GELU) model)."""
     from numpy_engine.models import model_class
 
     model_type, evaluations = model_class("gpt"), []
@@ -54,9 +55,19 @@ def test_the_grads_study_measures_the_losss_rounding_once(monkeypatch):
         return measure(f, x, direction)
 
     monkeypatch.setattr(study, "rounding_noise", recorded)
+    from numpy_engine import gradcheck
+
+    richardson, derivative = [], gradcheck.directional_derivative
+
+    def counted_derivative(*args, **kwargs):
+        richardson.append(kwargs["richardson"])
+        return derivative(*args, **kwargs)
+
+    monkeypatch.setattr(gradcheck, "directional_derivative", counted_derivative)
     _, rows = gradient_study("gpt", seed=0, entries=2)
     sampled = sum(min(2, int(np.prod(row["shape"]))) for row in rows)
-    assert len(evaluations) == 9 + len(rows) + 4 * sampled
+    assert richardson.count(False) == sampled and 0 < richardson.count(True) < sampled
+    assert len(evaluations) == 9 + len(rows) + 2 * sampled + 4 * richardson.count(True)
     assert np.max([row["rel_error"] for row in rows]) <= 1e-6  # a NaN fails it
     # measured along the sampled entry with the largest gradient, the study's draws redone
     model, batch = example_batch("gpt", 0)
