@@ -306,3 +306,63 @@ def test_the_docs_section_on_the_witness_quotes_its_settings():
     assert defaults["tolerance"] == helpers.FD_TOLERANCE == 1e-6
     assert "(relative error below 1e-6)" in section
     assert helpers.DIRECTIONS_PER_TENSOR == 2 and "its own two directions" in section
+
+
+def test_a_plain_difference_exactly_a_hundredth_of_the_tolerance_off_is_set_aside():
+    """f = 2x: every difference is exactly 2, so the plain one is off by exactly the error of
+    an analytic 2 + 2^-10; with that error a hundredth of the tolerance, the Richardson step
+    (its half step seen) decides."""
+    x = np.array([0.5])
+    analytic = np.array([2.0 + 2.0**-10])
+    error = relative_error(analytic, np.array([2.0]))
+    tolerance = error / PLAIN_SHARE
+    assert tolerance * PLAIN_SHARE == error
+    f, seen = nudges_seen(lambda: float(2 * x[0]), x)
+    check = check_directions(f, x, analytic, [0], tolerance, steps=(2.0**-10, 2.0**-8), noise=0.0)
+    half, second = (float(f"{h:.6g}") for h in (2.0**-11, 2.0**-8))  # as nudges_seen reads them
+    assert check.error == error and half in seen and second not in seen
+
+
+def bumped(x: np.ndarray, bumps: dict[float, float]):
+    """2 x[0], plus sign(d) bumps[|d|] where x[0] is d from where it started: a Richardson
+    step whose half step lands on a bump is off by 8 bump / 3h, the plain one never."""
+    start = x[0]
+
+    def f():
+        d = x[0] - start
+        return float(2 * x[0] + np.sign(d) * bumps.get(float(f"{abs(d):.6g}"), 0.0))
+
+    return f
+
+
+@pytest.mark.parametrize(
+    "bumps, expected",
+    [
+        ({5e-6: 7.5e-9}, 2e-7 / 2.0000002),  # the second step's estimate is right: taken
+        ({5e-6: 7.5e-9, 5e-5: 7.5e-7}, 0.0019998 / 2.002),  # the second is worse: the first kept
+    ],
+)
+def test_once_the_plain_difference_is_set_aside_the_best_richardson_estimate_decides(
+    bumps, expected
+):
+    """The analytic gradient is 1e-7 off, as the plain difference (2) reads it: within the
+    tolerance, not its hundredth. The first step's Richardson estimate reads 2.002, and the
+    second's 2 (right) or 2.02."""
+    x = np.array([0.5])
+    check = check_directions(bumped(x, bumps), x, np.array([2.0 + 2e-7]), [0], noise=1e-16)
+    assert abs(check.error - expected) <= 1e-3 * expected
+
+
+def test_a_later_step_that_no_direction_can_take_leaves_the_judged_one():
+    """Steps 1e-5 and 3e-5 where f's region changes at every distance but 1e-5 and 5e-6:
+    the second step shrinks past the smallest step in every direction (NaN, not judged),
+    and the first step's error, 0.002 / 2.002, is what the check returns."""
+    x = np.array([0.5])
+    start = x.copy()
+
+    def f():
+        distance = float(f"{np.abs(x - start).max():.6g}")
+        return float(2 * x[0]), b"x" if distance in (0.0, 1e-5, 5e-6) else b"elsewhere"
+
+    check = check_directions(f, x, np.array([2.002]), [0], steps=(1e-5, 3e-5), noise=1e-16)
+    assert abs(check.error - 0.002 / 2.002) <= 1e-9
