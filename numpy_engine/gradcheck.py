@@ -173,7 +173,7 @@ PLAIN_SHARE = 0.01
 
 
 class GradientCheck(NamedTuple):
-    error: float  # the smallest relative error over the steps tried
+    error: float  # the plain difference's that ended the check, or the smallest over the steps
     numeric: np.ndarray  # the estimates at the step that gave it (NaN: across a kink, not judged)
 
 
