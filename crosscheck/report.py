@@ -15,9 +15,9 @@ from crosscheck.compare import (
     compare,
     float32_checks,
     float64_ok,
-    sensitivities,
 )
 from crosscheck.convert import grads_from_torch, tensor, torch_model_for
+from crosscheck.rounding import model_golden
 from numpy_engine.study import checkpoint_example, example_batch
 
 ABSOLUTE_MARK = "*"
@@ -41,18 +41,11 @@ def torch_results(module, batch) -> dict[str, np.ndarray]:
 def float32_report_checks(model, batch, seed: int) -> tuple[dict, dict, dict]:
     """(engine float32 results, torch float32 results, the engine's checks)."""
     model32 = model.with_dtype("float32")
-    exact = model32.with_dtype("float64")  # float32's weights, in float64
-
-    def run(params):
-        exact.load_params(params)
-        return results(exact, batch)
-
-    weights = {key: value.copy() for key, value in exact.params.items()}
-    golden = run(weights)  # the float64 engine, which agrees with torch's within 1e-10
     rng = np.random.default_rng(seed)
-    sensitivity = sensitivities(run, weights, rng, per_input=False)
+    # the float64 engine on float32's weights, which agrees with torch's within 1e-10
+    golden = model_golden(model32, lambda exact, _: results(exact, batch), rng)
     ours, ref = results(model32, batch), torch_results(torch_model_for(model32), batch)
-    return ours, ref, float32_checks(ours, golden, sensitivity)
+    return ours, ref, float32_checks(ours, *golden)
 
 
 def report(

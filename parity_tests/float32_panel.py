@@ -18,7 +18,8 @@ from collections.abc import Callable
 import numpy as np
 
 import numpy_engine as ne
-from crosscheck.compare import float32_checks, sensitivities
+from crosscheck.compare import float32_checks
+from crosscheck.rounding import model_golden
 from numpy_engine.cli_args import non_negative_int, positive_int
 from numpy_engine.models import IGNORE_INDEX
 from parity_tests import layer_cases as cases
@@ -199,16 +200,12 @@ def dropout_draw(model_kind: str, seed: int) -> dict:
     model, batch = model_case(model_kind, seed)
     config = dataclasses.replace(model.config, **DROPOUT_RATES)
     model32 = type(model).with_params(config, model.params).with_dtype("float32")
-    exact = model32.with_dtype("float64")
 
-    def step64(weights: dict) -> dict:
-        exact.load_params(weights)
+    def compute(exact, _inputs: dict) -> dict:
         return _step_results(exact, batch, seed)
 
-    inputs = {key: value.copy() for key, value in exact.params.items()}  # load_params writes
-    golden = step64(inputs)
-    sensitivity = sensitivities(step64, inputs, np.random.default_rng(seed), False)
-    return float32_checks(_step_results(model32, batch, seed), golden, sensitivity)
+    golden = model_golden(model32, compute, np.random.default_rng(seed))
+    return float32_checks(_step_results(model32, batch, seed), *golden)
 
 
 def _step_results(model, batch: tuple, seed: int) -> dict:

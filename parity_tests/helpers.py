@@ -24,6 +24,7 @@ from crosscheck.compare import (
     float64_ok,
     sensitivities,
 )
+from crosscheck.rounding import model_golden
 from numpy_engine import blocks, layers
 from numpy_engine.gradcheck import check_directions, region_at, rounding_noise
 from numpy_engine.layers import FFNCache
@@ -319,7 +320,8 @@ def assert_float32_within_bound(name: str, checks: dict[str, Float32Check]) -> N
         assert check.ok, (
             f"{name}: {key} in float32 is {check.error:.3e} from the float64 golden run "
             f"(norm {check.golden_norm:.3e}), above the bound {check.bound:.3e} "
-            f"(its sensitivity to float32 rounding of the inputs: {check.sensitivity:.3e})"
+            f"(its sensitivity to float32 rounding of the inputs: {check.sensitivity:.3e}"
+            + (f", its rounding spread: {check.spread:.3e})" if check.spread else ")")
         )
 
 
@@ -339,22 +341,17 @@ def engine_results(model, batch: tuple, dlogits: np.ndarray) -> dict[str, np.nda
 
 
 def float32_golden(model, batch: tuple, dlogits: np.ndarray, rng) -> tuple:
-    """(model in float32, dlogits in float32, the golden engine_results: a float64 run on the
-    float32-rounded weights and upstream gradient, and each result's sensitivity to
-    rounding its inputs): what float32_checks judges a float32 run by."""
+    """(model in float32, dlogits in float32, the Golden run of crosscheck/rounding.py: a
+    float64 run on the float32-rounded weights and upstream gradient, with each result's
+    sensitivity and rounding spread): what float32_checks judges a float32 run by."""
     model32 = model.with_dtype("float32")
     dlogits32 = dlogits.astype(np.float32)
-    exact = model32.with_dtype("float64")  # float32's weights, in float64
 
-    def engine64(inputs):
-        exact.load_params(params_of(inputs, "upstream"))
+    def compute(exact, inputs: dict) -> dict:
         return engine_results(exact, batch, inputs["upstream"])
 
-    inputs = {**exact.params, "upstream": dlogits32.astype(np.float64)}
-    inputs = {key: value.copy() for key, value in inputs.items()}  # load_params writes the views
-    golden = engine64(inputs)  # the float64 engine (see layer_float32_checks)
-    sensitivity = sensitivities(engine64, inputs, rng, per_input=False)
-    return model32, dlogits32, golden, sensitivity
+    upstream = {"upstream": dlogits32.astype(np.float64)}
+    return model32, dlogits32, model_golden(model32, compute, rng, upstream)
 
 
 def argument_helps(parser: argparse.ArgumentParser, command: str = "") -> dict[str, str]:

@@ -75,6 +75,21 @@ def test_float32_bound_is_32_times_the_sensitivity_or_its_floor():
     assert exact["b"].bound == 32 * FLOAT32_TINY * 3 and exact["b"].ok
 
 
+def test_a_models_rounding_spread_raises_its_scale_and_its_floor_where_larger():
+    """A whole model's scale is max(sensitivity, spread) per tensor, and the floor 5% of the
+    largest such scale; where the spread is smaller, or not given, the sensitivity rules."""
+    golden = {"a": np.ones(4), "b": np.zeros(9)}
+    ours = {"a": np.array([1.0, 1.0, 1.0, 1.0 + 5e-5], np.float32), "b": np.zeros(9, np.float32)}
+    sensitivity = {"a": 1e-6, "b": 1e-9}
+    checks = float32_checks(ours, golden, sensitivity, {"a": 4e-6, "b": 1e-12})
+    assert checks["a"].bound == 32 * (4e-6 + FLOAT32_TINY * 2) and checks["a"].ok
+    assert checks["b"].bound == 32 * (0.05 * 4e-6 + FLOAT32_TINY * 3)
+    assert (checks["a"].spread, checks["a"].sensitivity) == (4e-6, 1e-6)
+    smaller = float32_checks(ours, golden, sensitivity, {"a": 1e-7, "b": 0.0})
+    without = float32_checks(ours, golden, sensitivity)
+    assert [c.bound for c in smaller.values()] == [c.bound for c in without.values()]
+
+
 def test_float32_bound_allows_a_results_own_rounding_where_no_input_moves_it():
     """A float32 result is rounded as it is stored: where no input moves it (GELU's output at
     its minimum) and the case's other sensitivities are tiny, the bound is still 32 u of
