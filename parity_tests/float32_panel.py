@@ -4,9 +4,10 @@ draws of every kind against the bound of crosscheck/compare.py:
 
     python -m parity_tests.float32_panel --draws 2000
 
-prints, per kind, the largest error/bound seen for the engine and for torch (above 1 fails);
-its last two rows, both models' training steps with dropout, are the engine's alone (torch
-would draw masks of its own; test_dropout.py hands it the engine's, in float64).
+prints, per kind, the largest error/bound seen for the engine and for torch (above 1 fails;
+a whole model's bound allows its rounding spread, crosscheck/rounding.py); its last two
+rows, both models' training steps with dropout, are the engine's alone (torch would draw
+masks of its own; test_dropout.py hands it the engine's, in float64).
 """
 
 from __future__ import annotations
