@@ -56,9 +56,10 @@ def test_exact_operations_and_moves_add_no_rounding():
         lambda a, b: np.matmul(a, b, out=np.empty((4, 4))),
         lambda a, b: np.add(a, b.T, out=np.empty((4, 4)).view(RandomlyRounded)),
         lambda a, b: a.sum(axis=0),
+        lambda a, b: a.sum(),
         lambda a, b: np.exp(a),
     ],
-    ids=["@", "dot", "einsum", "matmul out=", "add out=", "sum", "exp"],
+    ids=["@", "dot", "einsum", "matmul out=", "add out=", "sum", "sum to a scalar", "exp"],
 )
 def test_every_computed_result_is_rounded_within_u(operation):
     """Each entry moves, and by at most u of itself (1 + u r, |r| <= 1)."""
@@ -69,6 +70,17 @@ def test_every_computed_result_is_rounded_within_u(operation):
         result = np.asarray(operation(rounded(a), rounded(b)))
     relative = np.abs(result / exact - 1)
     assert 0 < relative.min() and relative.max() <= U * (1 + 1e-12)
+
+
+def test_a_ufunc_of_two_results_rounds_both():
+    rng = np.random.default_rng(7)
+    a, b = 10.0 + rng.random(20), np.full(20, 3.0)
+    with randomly_rounding(rng):
+        results = np.divmod(rounded(a), rounded(b))
+    for result, exact in zip(results, np.divmod(a, b), strict=True):
+        assert isinstance(result, RandomlyRounded)
+        relative = np.abs(np.asarray(result) / exact - 1)
+        assert 0 < relative.min() and relative.max() <= U * (1 + 1e-12)
 
 
 def test_scatter_adds_are_rounded_where_they_write():
