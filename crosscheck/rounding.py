@@ -113,7 +113,10 @@ def _rounded(result):
 def _round(value) -> None:
     """value *= 1 + u r, in place, for each entry of a floating-point array."""
     if _rng and isinstance(value, np.ndarray) and value.dtype.kind == "f":
-        value *= 1.0 + FLOAT32_UNIT * _rng[-1].uniform(-1.0, 1.0, value.shape)
+        factor = _rng[-1].uniform(-1.0, 1.0, value.shape)  # one array the size of value
+        factor *= FLOAT32_UNIT
+        factor += 1.0
+        value *= factor
 
 
 ROUNDED_RUNS = 4

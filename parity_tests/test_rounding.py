@@ -11,6 +11,7 @@ import pytest
 from crosscheck.compare import FLOAT32_UNIT, sensitivities
 from crosscheck.rounding import (
     RandomlyRounded,
+    model_golden,
     randomly_rounding,
     rounded_params,
     rounding_spread,
@@ -53,13 +54,24 @@ def test_exact_operations_and_moves_add_no_rounding():
         lambda a, b: a @ b,
         lambda a, b: np.dot(a, b),
         lambda a, b: np.einsum("ij,jk->ik", a, b),
+        lambda a, b: np.tensordot(a, b, axes=1),
         lambda a, b: np.matmul(a, b, out=np.empty((4, 4))),
         lambda a, b: np.add(a, b.T, out=np.empty((4, 4)).view(RandomlyRounded)),
         lambda a, b: a.sum(axis=0),
         lambda a, b: a.sum(),
         lambda a, b: np.exp(a),
     ],
-    ids=["@", "dot", "einsum", "matmul out=", "add out=", "sum", "sum to a scalar", "exp"],
+    ids=[
+        "@",
+        "dot",
+        "einsum",
+        "tensordot",
+        "matmul out=",
+        "add out=",
+        "sum",
+        "sum to a scalar",
+        "exp",
+    ],
 )
 def test_every_computed_result_is_rounded_within_u(operation):
     """Each entry moves, and by at most u of itself (1 + u r, |r| <= 1)."""
@@ -72,9 +84,22 @@ def test_every_computed_result_is_rounded_within_u(operation):
     assert 0 < relative.min() and relative.max() <= U * (1 + 1e-12)
 
 
-def test_a_ufunc_of_two_results_rounds_both():
+@pytest.mark.parametrize("operation", [np.dot, np.add], ids=["dot", "add"])
+def test_a_result_written_into_out_is_rounded_there_and_out_returned(operation):
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((2, 4, 4))
+    out = rounded(np.empty((4, 4)))
+    with randomly_rounding(rng):
+        returned = operation(rounded(a), rounded(b), out=out)
+    assert returned is out
+    relative = np.abs(np.asarray(out) / operation(a, b) - 1)
+    assert 0 < relative.min() and relative.max() <= U * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("shape", [(20,), ()], ids=["arrays", "scalars"])
+def test_a_ufunc_of_two_results_rounds_both(shape):
     rng = np.random.default_rng(7)
-    a, b = 10.0 + rng.random(20), np.full(20, 3.0)
+    a, b = 10.0 + rng.random(shape), np.full(shape, 3.0)
     with randomly_rounding(rng):
         results = np.divmod(rounded(a), rounded(b))
     for result, exact in zip(results, np.divmod(a, b), strict=True):
@@ -131,3 +156,20 @@ def test_rounded_params_shows_a_model_its_weights_rounding_and_gives_back_its_ow
     assert model.params is views
     difference = np.abs(np.asarray(moved) - logits).max()
     assert 0 < difference < 1e3 * U * np.abs(logits).max()
+
+
+def test_a_models_golden_run_moves_its_weights_and_rounds_its_operations():
+    """model_golden: the float64 run on the float32 weights, the change when those weights
+    move by u (2.1 u of the logits' norm here) and when every operation rounds (1.5 u)."""
+    model, batch = model_case("gpt", 0)
+    model32 = model.with_dtype("float32")
+
+    def compute(exact, _inputs: dict) -> dict:
+        return {"logits": exact.forward(*batch[:-1])[0]}
+
+    golden = model_golden(model32, compute, np.random.default_rng(9))
+    expected, _ = model32.with_dtype("float64").forward(*batch[:-1])
+    assert np.array_equal(golden.results["logits"], expected)
+    scale = U * np.linalg.norm(expected)
+    assert 0.5 * scale < golden.sensitivity["logits"] < 8 * scale
+    assert 0.5 * scale < golden.spread["logits"] < 8 * scale
