@@ -119,6 +119,9 @@ def _round(value) -> None:
         value *= factor
 
 
+# The spread's runs. Against 16, over 800 model draws (docs/gradients.md): each draw's worst
+# error/bound moved by 0.61x to 2.27x, the worst of them 0.142 against 0.111; 4 runs cost the
+# tests 3 s, 16 cost 13 s.
 ROUNDED_RUNS = 4
 
 
