@@ -1,14 +1,17 @@
 """What reading a checkpoint or a Hugging Face directory holds in memory: a resumed run holds
 the moments once, a resumed optimizer and its checkpoint never hold them whole at once,
 weights are read into the model one at a time, and a resumed run reads its checkpoint
-before malloc is told to keep freed memory. Measured by tracemalloc, and by the process's
-resident memory (/proc/self/status). What a run counts before its first step:
-test_step_memory.py."""
+before malloc is told to keep freed memory. Measured by tracemalloc, and by the resident
+memory (/proc/self/status) of a fresh process (in_a_fresh_process). What a run counts
+before its first step: test_step_memory.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tracemalloc
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,6 +58,23 @@ def test_a_resumed_run_holds_the_moments_once(tmp_path):
     assert parameter_bytes <= sum(stat.size for stat in held) < 1.5 * parameter_bytes
 
 
+def in_a_fresh_process(check: str, *args: str) -> None:
+    """This module's function check(*args), run in a new interpreter. Resident memory is the
+    whole process's, and a process that has run other tests keeps their heap: where an
+    earlier test had malloc keep freed memory, a 40 MiB array came from the heap's free
+    memory, calloc writing its zeros, not from fresh pages that hold nothing until written
+    (the moments' test then read 160 MiB of growth, its bound 80)."""
+    call = f"from parity_tests import test_read_memory as t; t.{check}(*{list(args)!r})"
+    done = subprocess.run(
+        [sys.executable, "-c", call],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def resident_mib(field: str) -> int:
     """/proc/self/status's VmRSS (now) or VmHWM (the most since the last reset_peak), MiB."""
     with open("/proc/self/status") as status:
@@ -68,6 +88,10 @@ def reset_peak() -> None:
 
 
 def test_a_resumed_optimizer_and_its_checkpoint_never_hold_the_moments_whole_at_once():
+    in_a_fresh_process("resumed_moments_never_whole_twice")
+
+
+def resumed_moments_never_whole_twice() -> None:
     """Resuming, the optimizer's moments are zeroed pages that take no memory until written
     (memory.aligned_zeros), and each of the checkpoint's arrays goes once copied into them
     (load_state_dict(consume=True)): the two sets of moments are never both whole in memory.
@@ -93,11 +117,16 @@ def test_a_resumed_optimizer_and_its_checkpoint_never_hold_the_moments_whole_at_
 
 
 def test_a_checkpoints_weights_are_read_into_the_model_one_at_a_time(tmp_path):
+    in_a_fresh_process("checkpoint_read_one_weight_at_a_time", str(tmp_path))
+
+
+def checkpoint_read_one_weight_at_a_time(tmp: str) -> None:
     """A checkpoint's model writes nothing to its vector before each weight, and its weights
     are read one at a time, each let go of once copied (Model.read_params): the read's peak
     is the model and one weight, not the model and all its weights read (`numpy-engine
     generate` from a 124M GPT-2: peak RSS 1281 -> 615 MB). Four weights of 40 MiB each,
     mapped apart from the heap as glibc maps arrays over 32 MiB."""
+    tmp_path = Path(tmp)
     config = GPT2Config(vocab_size=40960, max_len=40960, d_model=256, n_heads=2, d_ff=40960)
     model = GPT2(replace(config, n_layers=1, dtype="float32"), seed=0)
     save_checkpoint(tmp_path, model)
@@ -112,6 +141,10 @@ def test_a_checkpoints_weights_are_read_into_the_model_one_at_a_time(tmp_path):
 
 
 def test_import_hf_reads_its_tensors_into_the_model_one_at_a_time(tmp_path):
+    in_a_fresh_process("import_hf_reads_one_tensor_at_a_time", str(tmp_path))
+
+
+def import_hf_reads_one_tensor_at_a_time(tmp: str) -> None:
     """import-hf reads each safetensors tensor only when the model's weight it becomes is
     written, by pread (hf.TensorFiles): its peak is the model and one tensor, not the model
     and every tensor as well (a random 124M GPT-2: peak RSS 1004 -> 541 MB). The weights of
@@ -122,6 +155,7 @@ def test_import_hf_reads_its_tensors_into_the_model_one_at_a_time(tmp_path):
 
     from numpy_engine import hf
 
+    tmp_path = Path(tmp)
     config = GPT2Config(vocab_size=40960, max_len=40960, d_model=256, n_heads=2, d_ff=40960)
     model = GPT2.unwritten(replace(config, n_layers=1, dtype="float32"))
     for i, view in enumerate(model.params.values()):
