@@ -58,21 +58,20 @@ def test_a_resumed_run_holds_the_moments_once(tmp_path):
     assert parameter_bytes <= sum(stat.size for stat in held) < 1.5 * parameter_bytes
 
 
-def in_a_fresh_process(check: str, *args: str) -> None:
+def in_a_fresh_process(check: str, *args: str) -> subprocess.CompletedProcess:
     """This module's function check(*args), run in a new interpreter. Resident memory is the
     whole process's, and a process that has run other tests keeps their heap: where an
     earlier test had malloc keep freed memory, a 40 MiB array came from the heap's free
     memory, calloc writing its zeros, not from fresh pages that hold nothing until written
     (the moments' test then read 160 MiB of growth, its bound 80)."""
     call = f"from parity_tests import test_read_memory as t; t.{check}(*{list(args)!r})"
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", call],
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr
 
 
 def resident_mib(field: str) -> int:
@@ -88,7 +87,8 @@ def reset_peak() -> None:
 
 
 def test_a_resumed_optimizer_and_its_checkpoint_never_hold_the_moments_whole_at_once():
-    in_a_fresh_process("resumed_moments_never_whole_twice")
+    done = in_a_fresh_process("resumed_moments_never_whole_twice")
+    assert done.returncode == 0, done.stderr  # the check's own assertion, where one failed
 
 
 def resumed_moments_never_whole_twice() -> None:
@@ -117,7 +117,8 @@ def resumed_moments_never_whole_twice() -> None:
 
 
 def test_a_checkpoints_weights_are_read_into_the_model_one_at_a_time(tmp_path):
-    in_a_fresh_process("checkpoint_read_one_weight_at_a_time", str(tmp_path))
+    done = in_a_fresh_process("checkpoint_read_one_weight_at_a_time", str(tmp_path))
+    assert done.returncode == 0, done.stderr  # the check's own assertion, where one failed
 
 
 def checkpoint_read_one_weight_at_a_time(tmp: str) -> None:
@@ -141,7 +142,8 @@ def checkpoint_read_one_weight_at_a_time(tmp: str) -> None:
 
 
 def test_import_hf_reads_its_tensors_into_the_model_one_at_a_time(tmp_path):
-    in_a_fresh_process("import_hf_reads_one_tensor_at_a_time", str(tmp_path))
+    done = in_a_fresh_process("import_hf_reads_one_tensor_at_a_time", str(tmp_path))
+    assert done.returncode == 0, done.stderr  # the check's own assertion, where one failed
 
 
 def import_hf_reads_one_tensor_at_a_time(tmp: str) -> None:
