@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from crosscheck.compare import FLOAT32_UNIT, sensitivities
+from numpy_engine import threads
 
 # Results these ufuncs return are exact in any binary floating point: no rounding to add.
 EXACT_UFUNCS = {
@@ -54,12 +55,16 @@ _rng: list[np.random.Generator] = []  # the active generator, while randomly_rou
 @contextmanager
 def randomly_rounding(rng: np.random.Generator):
     """RandomlyRounded arrays round their results with rng's draws inside the block (outside
-    it they compute exactly, as plain arrays)."""
+    it they compute exactly, as plain arrays). The engine runs on one thread meanwhile: its
+    threads would draw from rng in whatever order they ran, and a run would not repeat."""
+    engine_threads = threads.threads()
+    threads.set_threads(1)
     _rng.append(rng)
     try:
         yield
     finally:
         _rng.pop()
+        threads.set_threads(engine_threads)
 
 
 class RandomlyRounded(np.ndarray):

@@ -16,6 +16,7 @@ from crosscheck.rounding import (
     rounded_params,
     rounding_spread,
 )
+from numpy_engine import threads
 from parity_tests.float32_panel import model_case
 
 U = FLOAT32_UNIT
@@ -173,3 +174,16 @@ def test_a_models_golden_run_moves_its_weights_and_rounds_its_operations():
     scale = U * np.linalg.norm(expected)
     assert 0.5 * scale < golden.sensitivity["logits"] < 8 * scale
     assert 0.5 * scale < golden.spread["logits"] < 8 * scale
+
+
+def test_the_engine_rounds_on_one_thread_and_gets_its_threads_back():
+    """Its threads would draw the roundings in whatever order they ran: a run would not
+    repeat (the attention of a long sequence runs by pieces on them)."""
+    before = threads.threads()
+    threads.set_threads(2)
+    try:
+        with randomly_rounding(np.random.default_rng(10)):
+            assert threads.threads() == 1
+        assert threads.threads() == 2
+    finally:
+        threads.set_threads(before)
