@@ -2,7 +2,8 @@
 path: a random model is saved with save_pretrained and read back by numpy-engine's import-hf.
 float64: logits, the loss and every parameter gradient (the tied wte included) within the
 1e-10 normwise rule; float32 under the suite's float32 rule; KV-cached decoding against
-transformers' past_key_values; greedy generation token for token; ten AdamW steps.
+transformers' past_key_values; greedy generation token for token; sampling's temperature,
+top-k and top-p against transformers' warpers; ten AdamW steps.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from transformers import GPT2Config as HFConfig
 from transformers import GPT2LMHeadModel
 
-from crosscheck.compare import float32_checks
+from crosscheck.compare import compare, float32_checks, float64_ok
 from numpy_engine import layers
 from numpy_engine.checkpoint import load_checkpoint
+from numpy_engine.generate import next_token_probabilities
 from numpy_engine.hf import engine_params_from_hf, import_hf
 from numpy_engine.models import IGNORE_INDEX
 from numpy_engine.optim import AdamW, no_decay_keys
@@ -272,6 +274,61 @@ def test_greedy_generation_is_token_identical_to_transformers():
     ).numpy()
     np.testing.assert_array_equal(ours, theirs)
     assert ours.shape[1] <= prompt.shape[1] + 3 and ours[0, -1] == eos
+
+
+@st.composite
+def sampling_filters(draw):
+    """Logit rows of distinct values (a tie at the cut is kept by either side's sort order:
+    one of the tied tokens, not the same one), a temperature, top-k and top-p."""
+    vocab, rows = draw(st.integers(2, 16)), draw(st.integers(1, 3))
+    distinct = st.lists(st.integers(-160, 160), min_size=vocab, max_size=vocab, unique=True)
+    logits = np.array([draw(distinct) for _ in range(rows)]) / 8.0  # exact in float64
+    temperature = draw(st.floats(0.1, 5.0))
+    top_k = draw(st.none() | st.integers(1, vocab + 2))
+    top_p = draw(st.none() | st.floats(0.01, 1.0))
+    return logits, temperature, top_k, top_p
+
+
+def warped_by_transformers(logits, temperature, top_k, top_p) -> np.ndarray:
+    """The probabilities transformers' generate samples from, its warpers in its order
+    (GenerationMixin._get_logits_processor: temperature, top-k, top-p)."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+    warpers += [TopKLogitsWarper(top_k)] if top_k is not None else []
+    warpers += [TopPLogitsWarper(top_p)] if top_p is not None and top_p < 1.0 else []
+    scores, ids = torch.from_numpy(logits), torch.zeros((len(logits), 1), dtype=torch.long)
+    for warper in warpers:
+        scores = warper(ids, scores)
+    return torch.softmax(scores, dim=-1).numpy()
+
+
+def top_p_cut_is_clear(logits, temperature, top_k, top_p) -> bool:
+    """Whether every token's more likely mass, after temperature and top-k, is off top_p by
+    more than rounding: at the cut itself either side's sum may round across it."""
+    if top_p is None:
+        return True
+    probs = np.sort(next_token_probabilities(logits, temperature, top_k), axis=-1)[:, ::-1]
+    before = np.cumsum(probs, axis=-1) - probs
+    return bool((np.abs(before - top_p) > 1e-12).all())
+
+
+@given(sampling_filters())
+@example((np.log([[0.5, 0.3, 0.15, 0.05]]), 1.0, None, 0.7))  # top-p keeps the first two
+@example((np.log([[0.5, 0.3, 0.15, 0.05]]), 0.5, 3, 0.6))  # p^2, top 3: the first has 0.690
+@example((np.array([[2.0, 1.0, 1.0, 1.0, 0.0]]), 1.0, 2, None))  # ties at the k-th all kept
+def test_sampling_filters_keep_what_transformers_warpers_keep(filters):
+    """generate's temperature, top-k and top-p (next_token_probabilities) leave the tokens
+    transformers' sampling leaves, at the same probabilities (the float64 rule)."""
+    assume(top_p_cut_is_clear(*filters))
+    ours, theirs = next_token_probabilities(*filters), warped_by_transformers(*filters)
+    np.testing.assert_array_equal(ours > 0, theirs > 0)
+    c = compare("sampled probabilities", ours, theirs)
+    assert float64_ok(c), c.describe()
 
 
 def hf_trainer_param_groups(hf: GPT2LMHeadModel, weight_decay: float) -> list[dict]:
