@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -21,6 +23,24 @@ def check_positive_int(name: str, value: object) -> None:
         raise InputTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value <= 0:
         raise InputError(f"{name} must be positive, got {value}")
+
+
+def check_number_in(name: str, value: object, low: float, high: float = math.inf) -> None:
+    """low <= value < high, value a real number (not a bool); NaN is refused."""
+    if not (_is_real(value) and low <= value < high):  # False for NaN too
+        if high < math.inf:
+            raise InputError(f"{name} must be a number in [{low:g}, {high:g}), got {value}")
+        raise InputError(f"{name} must be a finite number >= {low:g}, got {value}")
+
+
+def check_positive_finite(name: str, value: object) -> None:
+    """0 < value < inf, value a real number (not a bool); NaN is refused."""
+    if not (_is_real(value) and 0 < value < math.inf):
+        raise InputError(f"{name} must be a positive finite number, got {value}")
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
 
 
 def check_choice(name: str, value: object, choices: tuple) -> None:

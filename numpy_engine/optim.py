@@ -27,7 +27,12 @@ import math
 
 import numpy as np
 
-from numpy_engine.checks import InputError, InputTypeError
+from numpy_engine.checks import (
+    InputError,
+    InputTypeError,
+    check_number_in,
+    check_positive_finite,
+)
 from numpy_engine.clipping import (
     Gradients,
     NonFiniteGradients,
@@ -65,8 +70,7 @@ class Optimizer:
     folds_clipping = False
 
     def __init__(self, params: dict[str, np.ndarray], lr: float) -> None:
-        if not 0 < lr < math.inf:  # False for NaN too
-            raise InputError(f"lr must be a positive finite number, got {lr}")
+        check_positive_finite("lr", lr)
         self.lr = lr
         self.step_count = 0
         self.size = sum(p.size for p in params.values())
@@ -98,15 +102,17 @@ class Optimizer:
         error_if_nonfinite: bool = False,
     ):
         """Update flat_params in place from grads (the dict loss_and_grads returns, or a flat
-        vector laid out like flat_params; neither is changed). With max_grad_norm, clip as
-        clip_grad_norm does first and return the norm before clipping; else None. (An
-        optimizer that folds_clipping scales by the coefficient inside its update instead:
-        the same step to rounding.)
+        vector laid out like flat_params; neither is changed). With max_grad_norm (positive and
+        finite), clip as clip_grad_norm does first and return the norm before clipping; else
+        None. (An optimizer that folds_clipping scales by the coefficient inside its update
+        instead: the same step to rounding.)
 
         error_if_nonfinite (torch's clip_grad_norm_ flag): a NaN or infinite norm, so some
         NaN or inf in grads, raises NonFiniteGradients before anything is updated. The norm
         finds them at no cost of its own when clipping: a training loop's guard."""
         self.check_vector("flat_params", flat_params)
+        if max_grad_norm is not None:
+            check_positive_finite("max_grad_norm", max_grad_norm)
         gradients = Gradients(grads, self, self.gathered)
         scratches = self._scratches()
         norm = coef = None
@@ -226,6 +232,8 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
         super().__init__(params, lr)
+        check_number_in("momentum", momentum, 0)  # torch.optim.SGD's bounds
+        check_number_in("weight_decay", weight_decay, 0)
         self.momentum, self.weight_decay = momentum, weight_decay
 
     def _update_block(self, piece, param, grad, state, scratch, constants) -> None:
@@ -269,7 +277,10 @@ class Adam(Optimizer):
         no_decay=(),
     ):
         super().__init__(params, lr)
-        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        check_betas(betas)
+        check_number_in("eps", eps, 0)  # torch.optim.Adam's bounds, and finite
+        check_number_in("weight_decay", weight_decay, 0)
+        self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
         unknown = set(no_decay) - set(self.keys)
         if unknown:
             raise InputError(f"no_decay names no parameter: {sorted(unknown)}")
@@ -364,6 +375,7 @@ class AdamW(Adam):
         no_decay=(),
     ):
         super().__init__(params, lr, betas, eps, weight_decay=0.0, no_decay=no_decay)
+        check_number_in("weight_decay", weight_decay, 0)
         self.decoupled_weight_decay = weight_decay
 
     def _update_block(self, piece, param, grad, state, scratch, constants) -> None:
@@ -376,6 +388,15 @@ class AdamW(Adam):
                 for part in parts:
                     param[part] *= factor
         super()._update_block(piece, param, grad, state, scratch, constants)
+
+
+def check_betas(betas: object) -> None:
+    """A pair (beta1, beta2), each in [0, 1) as torch.optim.Adam asks: at 1 a moment would
+    never move, and the bias correction 1 - beta^t would divide by 0."""
+    if not isinstance(betas, tuple | list) or len(betas) != 2:
+        raise InputError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    for i, beta in enumerate(betas):
+        check_number_in(f"betas[{i}]", beta, 0, 1)
 
 
 def _joined(parts: list[slice]) -> list[slice]:

@@ -248,6 +248,59 @@ def test_a_learning_rate_that_is_not_positive_and_finite_is_refused(optimizer_cl
 
 
 @pytest.mark.parametrize(
+    ("optimizer_class", "setting", "words"),
+    [
+        (Adam, dict(betas=(1.0, 0.999)), "betas[0] must be a number in [0, 1), got 1.0"),
+        (AdamW, dict(betas=(0.9, -0.1)), "betas[1] must be a number in [0, 1), got -0.1"),
+        (Adam, dict(betas=(0.9, math.nan)), "betas[1] must be a number in [0, 1), got nan"),
+        (AdamW, dict(betas=(0.9,)), "betas must be a pair (beta1, beta2), got (0.9,)"),
+        (Adam, dict(betas=0.9), "betas must be a pair (beta1, beta2), got 0.9"),
+        (AdamW, dict(betas=("0.9", 0.999)), "betas[0] must be a number in [0, 1), got 0.9"),
+        (Adam, dict(eps=-1e-8), "eps must be a finite number >= 0, got -1e-08"),
+        (AdamW, dict(eps=math.inf), "eps must be a finite number >= 0, got inf"),
+        (Adam, dict(weight_decay=-0.01), "weight_decay must be a finite number >= 0, got -0.01"),
+        (AdamW, dict(weight_decay=math.nan), "weight_decay must be a finite number >= 0, got nan"),
+        (AdamW, dict(weight_decay=True), "weight_decay must be a finite number >= 0, got True"),
+        (SGD, dict(momentum=-0.9), "momentum must be a finite number >= 0, got -0.9"),
+        (SGD, dict(weight_decay=-1), "weight_decay must be a finite number >= 0, got -1"),
+    ],
+)
+def test_settings_torch_refuses_are_refused(optimizer_class, setting, words):
+    """torch.optim's own bounds (betas in [0, 1), eps, weight_decay and momentum >= 0),
+    and finite: at beta 1 the bias correction divides by 0."""
+    with pytest.raises(InputError, match=re.escape(words)):
+        optimizer_class(random_params(np.random.default_rng(0))[1], lr=1e-3, **setting)
+
+
+def test_the_bounds_themselves_are_accepted():
+    params = random_params(np.random.default_rng(0))[1]
+    adam = Adam(params, lr=1e-3, betas=[0.0, 0.0], eps=0.0, weight_decay=0.0)
+    assert adam.betas == (0.0, 0.0) and adam.eps == 0.0
+    assert AdamW(params, lr=1e-3, betas=(np.float32(0.5), 0.99)).betas == (0.5, 0.99)
+    assert SGD(params, lr=1e-3, momentum=0, weight_decay=0).momentum == 0
+
+
+@pytest.mark.parametrize("max_norm", [0.0, -1.0, math.inf, math.nan, "1"])
+@pytest.mark.parametrize("optimizer_class", [SGD, Adam, AdamW])
+def test_a_clipping_norm_that_is_not_positive_and_finite_is_refused_before_any_update(
+    optimizer_class, max_norm
+):
+    """torch's clip_grad_norm_ would take it: at 0 every gradient becomes 0, below 0 each
+    turns around (an ascent), at NaN every one becomes NaN."""
+    flat, params = random_params(np.random.default_rng(0))
+    before, grads = flat.copy(), np.ones_like(flat)
+    optimizer = optimizer_class(params, lr=1e-3)
+    words = f"max_grad_norm must be a positive finite number, got {max_norm}"
+    with pytest.raises(InputError, match=re.escape(words)):
+        optimizer.step(flat, grads, max_grad_norm=max_norm)
+    assert optimizer.step_count == 0
+    np.testing.assert_array_equal(flat, before)
+    with pytest.raises(InputError, match=re.escape(words.replace("max_grad_norm", "max_norm"))):
+        clipping.clip_grad_norm(grads, max_norm)
+    np.testing.assert_array_equal(grads, np.ones_like(flat))
+
+
+@pytest.mark.parametrize(
     ("flat", "grads", "words"),
     [
         (np.zeros(26), np.zeros(25), "flat_grads must be a vector of 26 entries, got (25,)"),
