@@ -39,6 +39,13 @@ def check_positive_finite(name: str, value: object) -> None:
         raise InputError(f"{name} must be a positive finite number, got {value}")
 
 
+def check_clipping_norm(name: str, value: object) -> None:
+    """A norm to clip gradients to: above 0, inf allowed (clips nothing: torch's idiom for
+    the norm alone); NaN is refused."""
+    if not (_is_real(value) and value > 0):  # False for NaN too
+        raise InputError(f"{name} must be a positive number (inf clips nothing), got {value}")
+
+
 def _is_real(value: object) -> bool:
     return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
 

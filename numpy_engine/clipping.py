@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from numpy_engine.blocking import slices
-from numpy_engine.checks import check_positive_finite
+from numpy_engine.checks import check_clipping_norm
 from numpy_engine.threads import chunk_count, in_chunks
 
 if TYPE_CHECKING:
@@ -58,10 +58,11 @@ def clip_grad_norm(flat_grads: np.ndarray, max_norm: float) -> float:
     norm before clipping.
 
     As torch.nn.utils.clip_grad_norm_ over all parameters: coef = max_norm / (norm + 1e-6),
-    applied only when below 1. max_norm must be positive and finite (torch takes any number:
-    0 would zero every gradient, a negative number turn each around).
+    applied only when below 1. max_norm must be above 0, and inf clips nothing (the norm
+    alone, as torch's idiom); torch takes any number, and 0 would zero every gradient, a
+    negative one turn each around, NaN make each NaN.
     """
-    check_positive_finite("max_norm", max_norm)
+    check_clipping_norm("max_norm", max_norm)
     norm = global_norm(flat_grads)
     coef = clip_coefficient(norm, max_norm)
     if coef is not None:

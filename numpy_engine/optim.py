@@ -30,6 +30,7 @@ import numpy as np
 from numpy_engine.checks import (
     InputError,
     InputTypeError,
+    check_clipping_norm,
     check_number_in,
     check_positive_finite,
 )
@@ -102,9 +103,9 @@ class Optimizer:
         error_if_nonfinite: bool = False,
     ):
         """Update flat_params in place from grads (the dict loss_and_grads returns, or a flat
-        vector laid out like flat_params; neither is changed). With max_grad_norm (positive and
-        finite), clip as clip_grad_norm does first and return the norm before clipping; else
-        None. (An optimizer that folds_clipping scales by the coefficient inside its update
+        vector laid out like flat_params; neither is changed). With max_grad_norm (above 0; inf
+        clips nothing), clip as clip_grad_norm does first and return the norm before clipping;
+        else None. (An optimizer that folds_clipping scales by the coefficient inside its update
         instead: the same step to rounding.)
 
         error_if_nonfinite (torch's clip_grad_norm_ flag): a NaN or infinite norm, so some
@@ -112,7 +113,7 @@ class Optimizer:
         finds them at no cost of its own when clipping: a training loop's guard."""
         self.check_vector("flat_params", flat_params)
         if max_grad_norm is not None:
-            check_positive_finite("max_grad_norm", max_grad_norm)
+            check_clipping_norm("max_grad_norm", max_grad_norm)
         gradients = Gradients(grads, self, self.gathered)
         scratches = self._scratches()
         norm = coef = None
