@@ -84,6 +84,14 @@ def test_adam_and_adamw_defaults_are_torchs(ours, theirs):
     assert decay == (0.01 if ours is AdamW else 0.0)
 
 
+def test_sgd_defaults_are_torchs():
+    """momentum and weight decay 0, as torch.optim.SGD's (the lr has no default here)."""
+    optimizer = SGD({"w": np.zeros(1)}, lr=0.1)
+    defaults = torch.optim.SGD([torch.zeros(1)], lr=0.1).defaults
+    got = (optimizer.momentum, optimizer.weight_decay)
+    assert got == (defaults["momentum"], defaults["weight_decay"]) == (0, 0)
+
+
 def torch_without_decay_on(torch_class, no_decay, lr: float, weight_decay: float):
     """torch_class (torch.optim.Adam or AdamW) over SHAPES' tensors, those named in no_decay
     in a param group of weight_decay 0 (an empty group left out: torch refuses it)."""
