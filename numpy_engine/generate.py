@@ -115,7 +115,7 @@ def generate(
     """prompt (B, T0) ids -> (B, T0 + n) ids, n = max_new_tokens, or fewer when every row has
     produced the config's eos_id (a row that has repeats it). The model sees the last
     max_len ids."""
-    ids = _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p)
+    ids = _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p, seed)
     steps = _new_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, use_cache)
     return np.concatenate([ids, *(next_ids[:, None] for next_ids in steps)], axis=1)
 
@@ -133,15 +133,16 @@ def continuation(
     """generate's new ids one step at a time, (B,) each, as soon as each is chosen (a caller
     shows each token before the next is computed). The arguments are checked here, before
     the first step."""
-    ids = _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p)
+    ids = _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p, seed)
     return _new_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, use_cache)
 
 
-def _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p) -> np.ndarray:
+def _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p, seed) -> np.ndarray:
     """The prompt as (B, T0) ids, once every argument of generate is checked."""
     if not model.continues_prompt:
         raise InputError(f"generate continues a prompt; a {model.kind} model reads a source")
     check_sampling(temperature, top_k, top_p)
+    checks.check_seed("seed", seed)
     _check_count("max_new_tokens", max_new_tokens, minimum=0)
     ids = checks.as_array("prompt", prompt)
     return checks.check_token_ids(

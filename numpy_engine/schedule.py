@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from numbers import Integral, Real
 
-from numpy_engine.checks import InputError
+from numpy_engine.checks import InputError, check_positive_int
 
 SCHEDULES = ("constant", "linear", "cosine")
 
 
 def lr_factor(k: int, schedule: str, warmup: int, steps: int, min_ratio: float = 0.0) -> float:
-    """What the lr of update k (from 0) is multiplied by; see the module's docstring."""
+    """What the lr of update k (from 0) is multiplied by; see the module's docstring. A k
+    past the run's end is taken as transformers' schedules take it."""
+    _check_factor_arguments(k, schedule, warmup, steps, min_ratio)
     if k < warmup:
         return float(k) / float(warmup)  # warmup > k >= 0: transformers' max(1, warmup)
     if schedule == "constant":
@@ -37,6 +40,22 @@ def lr_factor(k: int, schedule: str, warmup: int, steps: int, min_ratio: float =
     else:  # a half cosine wave (transformers' pi * 0.5 * 2.0 is pi exactly: the same bits)
         decay = 0.5 * (1.0 + math.cos(math.pi * (float(k - warmup) / after_warmup)))
     return max(0.0, decay * (1 - min_ratio) + min_ratio)  # never below 0, for k past the end
+
+
+def _check_factor_arguments(k, schedule, warmup, steps, min_ratio) -> None:
+    """lr_factor's arguments as check_schedule holds a run's (an unknown schedule would
+    otherwise read as cosine)."""
+    if schedule not in SCHEDULES:
+        raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    check_positive_int("steps", steps)
+    if isinstance(warmup, bool) or not isinstance(warmup, Integral) or not 0 <= warmup < steps:
+        raise InputError(f"warmup must be an int in [0, steps={steps}), got {warmup!r}")
+    if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
+        raise InputError(f"k, the update's number from 0, must be an int >= 0, got {k!r}")
+    if isinstance(min_ratio, bool) or not isinstance(min_ratio, Real):
+        raise InputError(f"min_ratio must be a number in [0, 1], got {min_ratio!r}")
+    if not 0 <= min_ratio <= 1:  # min_lr / lr; False for NaN too
+        raise InputError(f"min_ratio must be a number in [0, 1], got {min_ratio!r}")
 
 
 def scheduled_lr(cfg, k: int) -> float:

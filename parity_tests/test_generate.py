@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 
 import numpy_engine as ne
-from numpy_engine.generate import generate, greedy_decode, next_token_probabilities, sample_next
+from numpy_engine.checks import InputError
+from numpy_engine.generate import (
+    continuation,
+    generate,
+    greedy_decode,
+    next_token_probabilities,
+    sample_next,
+)
 from numpy_engine.models.base import RerunDecoder
 from numpy_engine.tasks import EOS, PAD
 
@@ -206,6 +214,21 @@ def test_bad_sampling_settings(kwargs, message):
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
     with pytest.raises(ValueError, match=message):
         generate(model, np.array([1]), 3, **kwargs)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True, "0", None])
+def test_a_seed_default_rng_would_refuse_or_draw_afresh_is_refused_by_name(seed):
+    """Before the first step: continuation's checks run when it is called, not at its first
+    token (NumPy's own refusal names no argument; None would draw a new seed each run)."""
+    model = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
+    words = f"seed must be an int >= 0, got {seed!r}"
+    with pytest.raises(InputError, match=re.escape(words)):
+        generate(model, np.array([1]), 3, temperature=1.0, seed=seed)
+    with pytest.raises(InputError, match=re.escape(words)):
+        continuation(model, np.array([1]), 3, temperature=1.0, seed=seed)
+    with pytest.raises(InputError, match=re.escape(words)):
+        ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=seed)
+    assert generate(model, np.array([1]), 2, temperature=1.0, seed=np.int64(2**40)).shape == (1, 3)
 
 
 def test_each_decoding_refuses_the_other_kind_of_model_and_a_negative_count():

@@ -4,6 +4,7 @@ training and resuming, and against torch.optim.AdamW stepping under transformers
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -298,3 +299,27 @@ def test_a_resumed_runs_conflicting_flag_says_whether_steps_may_change(
     err = capsys.readouterr().err
     assert "--lr 0.01 conflicts with the checkpoint's lr=0.001" in err
     assert err.endswith(f"the settings it was started with ({what_may_change})\n"), err
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ((1, "cosin", 0, 10), "schedule must be one of constant, linear, cosine, got 'cosin'"),
+        ((-1, "linear", 0, 10), "k, the update's number from 0, must be an int >= 0, got -1"),
+        ((1.0, "linear", 0, 10), "k, the update's number from 0, must be an int >= 0, got 1.0"),
+        ((1, "cosine", 10, 10), "warmup must be an int in [0, steps=10), got 10"),
+        ((1, "cosine", -1, 10), "warmup must be an int in [0, steps=10), got -1"),
+        ((1, "constant", 0, 0), "steps must be positive, got 0"),
+        ((1, "linear", 0, 10, 1.5), "min_ratio must be a number in [0, 1], got 1.5"),
+        ((1, "linear", 0, 10, float("nan")), "min_ratio must be a number in [0, 1], got nan"),
+    ],
+)
+def test_lr_factor_refuses_what_a_run_would_and_names_it(args, words):
+    """The README's own loop calls lr_factor: an unknown schedule read as cosine before."""
+    with pytest.raises(InputError, match=re.escape(words)):
+        lr_factor(*args)
+
+
+def test_lr_factor_takes_numpy_ints_and_a_k_past_the_end():
+    assert lr_factor(np.int64(5), "constant", np.int64(2), np.int64(10)) == 1.0
+    assert lr_factor(20, "linear", 0, 10) == 0.0  # never below 0
