@@ -231,6 +231,13 @@ def test_a_seed_default_rng_would_refuse_or_draw_afresh_is_refused_by_name(seed)
     assert generate(model, np.array([1]), 2, temperature=1.0, seed=np.int64(2**40)).shape == (1, 3)
 
 
+def test_a_prompt_given_as_a_list_is_read_as_the_array_it_spells():
+    model = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
+    expected = generate(model, np.array([[1, 4]]), 3)
+    np.testing.assert_array_equal(generate(model, [1, 4], 3), expected)
+    np.testing.assert_array_equal(generate(model, [[1, 4]], 3), expected)
+
+
 def test_each_decoding_refuses_the_other_kind_of_model_and_a_negative_count():
     gpt = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
     copier = ne.Seq2SeqTransformer(ne.Seq2SeqConfig(), seed=0)
