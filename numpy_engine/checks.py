@@ -50,8 +50,9 @@ def _is_real(value: object) -> bool:
     return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
 
 
-def check_seed(name: str, value: object) -> None:
-    """A seed NumPy's default_rng takes: an int >= 0 (its own refusal names no argument)."""
+def check_non_negative_int(name: str, value: object) -> None:
+    """An int >= 0: a count, or a seed as NumPy's default_rng takes one (its own refusal
+    names no argument)."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
         raise InputError(f"{name} must be an int >= 0, got {value!r}")
 

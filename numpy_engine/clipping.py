@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from numpy_engine.blocking import slices
-from numpy_engine.checks import check_clipping_norm
+from numpy_engine.checks import InputError, InputTypeError, check_clipping_norm
 from numpy_engine.threads import chunk_count, in_chunks
 
 if TYPE_CHECKING:
@@ -63,6 +63,11 @@ def clip_grad_norm(flat_grads: np.ndarray, max_norm: float) -> float:
     negative one turn each around, NaN make each NaN.
     """
     check_clipping_norm("max_norm", max_norm)
+    if not isinstance(flat_grads, np.ndarray) or flat_grads.ndim != 1:
+        got = getattr(flat_grads, "shape", type(flat_grads).__name__)
+        raise InputError(f"flat_grads must be a vector (model.flat_grads(grads)), got {got}")
+    if flat_grads.dtype not in (np.float32, np.float64):
+        raise InputTypeError(f"flat_grads must be float32 or float64, got {flat_grads.dtype}")
     norm = global_norm(flat_grads)
     coef = clip_coefficient(norm, max_norm)
     if coef is not None:

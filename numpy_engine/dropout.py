@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numpy_engine.checks import InputError
+from numpy_engine.checks import InputError, check_non_negative_int
 
 DROPOUT_STREAM = 2  # default_rng([seed, 2, ...]): the batch sampler is stream 1 (train.py)
 SITES = ("embed", "attn", "resid")  # after the embeddings; on attention weights; on the
@@ -94,4 +94,6 @@ def dropped_copy(x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
 
 def training_rng(seed: int, step: int, part: int = 0) -> np.random.Generator:
     """The generator of a step's masks: micro-batch or rank `part` of step `step`."""
+    for name, value in (("seed", seed), ("step", step), ("part", part)):
+        check_non_negative_int(name, value)
     return np.random.default_rng([seed, DROPOUT_STREAM, step, part])

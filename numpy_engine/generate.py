@@ -142,7 +142,7 @@ def _checked_prompt(model, prompt, max_new_tokens, temperature, top_k, top_p, se
     if not model.continues_prompt:
         raise InputError(f"generate continues a prompt; a {model.kind} model reads a source")
     check_sampling(temperature, top_k, top_p)
-    checks.check_seed("seed", seed)
+    checks.check_non_negative_int("seed", seed)
     _check_count("max_new_tokens", max_new_tokens, minimum=0)
     ids = checks.as_array("prompt", prompt)
     return checks.check_token_ids(

@@ -330,3 +330,16 @@ def test_float32_blocks_out_of_range_anywhere_in_the_vector_are_summed_in_float6
     grads = np.concatenate(blocks).astype(np.float32)
     exact = float(np.linalg.norm(grads.astype(np.float64)))
     assert abs(clipping.global_norm(grads) - exact) <= 1e-15 * exact
+
+
+@pytest.mark.parametrize(
+    ("flat_grads", "words"),
+    [
+        (np.ones((3, 3)), "flat_grads must be a vector (model.flat_grads(grads)), got (3, 3)"),
+        ([1.0, 2.0], "flat_grads must be a vector (model.flat_grads(grads)), got list"),
+        (np.ones(3, int), "flat_grads must be float32 or float64, got int64"),
+    ],
+)
+def test_clip_grad_norm_refuses_what_it_cannot_scale_in_place(flat_grads, words):
+    with pytest.raises(InputError, match=re.escape(words)):
+        clipping.clip_grad_norm(flat_grads, 1.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -277,6 +278,16 @@ def test_each_step_and_part_draws_its_own_masks():
     assert len(set(draws.values())) == 4
     assert training_rng(7, 2, 1).random(4).tobytes() == draws[(2, 1)]  # resumed: the same
     assert training_rng(8, 2, 1).random(4).tobytes() != draws[(2, 1)]  # another seed
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [((-1, 0), "seed must be an int >= 0, got -1"), ((7, 0.5), "step must be an int >= 0, got 0.5")]
+    + [((7, 0, None), "part must be an int >= 0, got None")],
+)
+def test_a_masks_generator_refuses_what_numpy_would_refuse_without_a_name(args, words):
+    with pytest.raises(InputError, match=re.escape(words)):
+        training_rng(*args)
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])

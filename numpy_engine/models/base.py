@@ -17,7 +17,7 @@ import numpy as np
 
 from numpy_engine import checks
 from numpy_engine.activations import ACTIVATIONS
-from numpy_engine.checks import InputError, check_seed
+from numpy_engine.checks import InputError, check_non_negative_int
 from numpy_engine.dropout import drops, step_dropout
 from numpy_engine.keys import sub
 from numpy_engine.layernorm import layernorm_forward
@@ -79,7 +79,7 @@ class Model:
     continues_prompt: bool  # True: generate() continues ids; False: greedy_decode() a source
 
     def __init__(self, config, seed: int = 0) -> None:
-        check_seed("seed", seed)
+        check_non_negative_int("seed", seed)
         self._build(config, np.random.default_rng(seed))
 
     @classmethod
