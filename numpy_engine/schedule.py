@@ -52,9 +52,8 @@ def _check_factor_arguments(k, schedule, warmup, steps, min_ratio) -> None:
         raise InputError(f"warmup must be an int in [0, steps={steps}), got {warmup!r}")
     if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
         raise InputError(f"k, the update's number from 0, must be an int >= 0, got {k!r}")
-    if isinstance(min_ratio, bool) or not isinstance(min_ratio, Real):
-        raise InputError(f"min_ratio must be a number in [0, 1], got {min_ratio!r}")
-    if not 0 <= min_ratio <= 1:  # min_lr / lr; False for NaN too
+    number = isinstance(min_ratio, Real) and not isinstance(min_ratio, bool)
+    if not (number and 0 <= min_ratio <= 1):  # min_lr / lr; False for NaN too
         raise InputError(f"min_ratio must be a number in [0, 1], got {min_ratio!r}")
 
 
