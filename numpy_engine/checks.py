@@ -54,7 +54,7 @@ def check_non_negative_int(name: str, value: object) -> None:
     """An int >= 0: a count, or a seed as NumPy's default_rng takes one (its own refusal
     names no argument)."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise InputError(f"{name} must be an int >= 0, got {value!r}")
+        raise InputError(f"{name} must be a non-negative int, got {value!r}")
 
 
 def check_choice(name: str, value: object, choices: tuple) -> None:

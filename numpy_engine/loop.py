@@ -14,7 +14,7 @@ from typing import Callable, TextIO
 import numpy as np
 
 from numpy_engine.checkpoint import resolve, save_checkpoint
-from numpy_engine.checks import InputError
+from numpy_engine.checks import InputError, check_number_in, check_positive_finite
 from numpy_engine.configs import WEIGHT_DECAY_ON
 from numpy_engine.dropout import training_rng
 from numpy_engine.models import Model
@@ -140,12 +140,9 @@ def check_run_config(cfg, name: Callable[[str], str] = str) -> None:
             kind = "a positive" if least else "a non-negative"
             raise InputError(f"{name(key)} must be {kind} int, got {value!r}")
     for key in ("lr", "clip"):
-        value = getattr(cfg, key)
-        if not 0 < value < math.inf:  # False for NaN too
-            raise InputError(f"{name(key)} must be a positive finite number, got {value}")
+        check_positive_finite(name(key), getattr(cfg, key))
     weight_decay = getattr(cfg, "weight_decay", 0.0)  # AdamW's runs only
-    if not 0 <= weight_decay < math.inf:  # False for NaN too
-        raise InputError(f"{name('weight_decay')} must be a finite number >= 0, got {weight_decay}")
+    check_number_in(name("weight_decay"), weight_decay, 0)
     if cfg.lr * weight_decay >= 1:  # the schedule's lr is at most cfg.lr
         raise InputError(
             f"{name('weight_decay')} {weight_decay:g} with {name('lr')} {cfg.lr:g}: each step "

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from numbers import Integral, Real
 
-from numpy_engine.checks import InputError, check_positive_int
+from numpy_engine.checks import InputError, check_non_negative_int, check_positive_int
 
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -50,8 +50,7 @@ def _check_factor_arguments(k, schedule, warmup, steps, min_ratio) -> None:
     check_positive_int("steps", steps)
     if isinstance(warmup, bool) or not isinstance(warmup, Integral) or not 0 <= warmup < steps:
         raise InputError(f"warmup must be an int in [0, steps={steps}), got {warmup!r}")
-    if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
-        raise InputError(f"k, the update's number from 0, must be an int >= 0, got {k!r}")
+    check_non_negative_int("k, the update's number from 0,", k)
     number = isinstance(min_ratio, Real) and not isinstance(min_ratio, bool)
     if not (number and 0 <= min_ratio <= 1):  # min_lr / lr; False for NaN too
         raise InputError(f"min_ratio must be a number in [0, 1], got {min_ratio!r}")

@@ -282,8 +282,11 @@ def test_each_step_and_part_draws_its_own_masks():
 
 @pytest.mark.parametrize(
     ("args", "words"),
-    [((-1, 0), "seed must be an int >= 0, got -1"), ((7, 0.5), "step must be an int >= 0, got 0.5")]
-    + [((7, 0, None), "part must be an int >= 0, got None")],
+    [
+        ((-1, 0), "seed must be a non-negative int, got -1"),
+        ((7, 0.5), "step must be a non-negative int, got 0.5"),
+        ((7, 0, None), "part must be a non-negative int, got None"),
+    ],
 )
 def test_a_masks_generator_refuses_what_numpy_would_refuse_without_a_name(args, words):
     with pytest.raises(InputError, match=re.escape(words)):

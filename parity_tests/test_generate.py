@@ -221,7 +221,7 @@ def test_a_seed_default_rng_would_refuse_or_draw_afresh_is_refused_by_name(seed)
     """Before the first step: continuation's checks run when it is called, not at its first
     token (NumPy's own refusal names no argument; None would draw a new seed each run)."""
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
-    words = f"seed must be an int >= 0, got {seed!r}"
+    words = f"seed must be a non-negative int, got {seed!r}"
     with pytest.raises(InputError, match=re.escape(words)):
         generate(model, np.array([1]), 3, temperature=1.0, seed=seed)
     with pytest.raises(InputError, match=re.escape(words)):
