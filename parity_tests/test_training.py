@@ -83,6 +83,16 @@ def test_bad_training_settings():
         train_char_lm(CharTrainConfig(lr=-1.0), progress_stream=None)
 
 
+def test_a_run_without_weight_decay_takes_any_positive_lr():
+    """Adam's runs (copy, reverse) have no weight decay: lr * weight_decay < 1 asks nothing of
+    their lr (a decay of 0, not some default, is what the check multiplies)."""
+    from numpy_engine.loop import check_run_config
+
+    assert check_run_config(SequenceTrainConfig(lr=2.0)) is None  # nothing refused
+    with pytest.raises(ValueError, match="weight_decay 0.5 with lr 2"):
+        check_run_config(CharTrainConfig(lr=2.0, weight_decay=0.5))
+
+
 @pytest.mark.parametrize(
     "name, value, words",
     [
