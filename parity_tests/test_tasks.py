@@ -48,6 +48,7 @@ def test_copy_rows_are_bos_tokens_and_tokens_eos():
 
 def test_reverse_reverses_the_targets_on_the_same_split():
     copy, reverse = sequence_task("copy", seed=3), sequence_task("reverse", seed=3)
+    assert (copy.name, reverse.name) == ("copy", "reverse")
     np.testing.assert_array_equal(copy.test.source, reverse.test.source)
     source, target = reverse.test.source[0], reverse.test.target[0]
     tokens = [int(t) for t in source if t != PAD]
