@@ -154,6 +154,23 @@ def test_the_count_holds_each_parameter_sized_vector_a_run_adds():
     assert step_bytes(model, run_config, 4, None, micro_batches) == new + more
 
 
+def test_a_step_over_micro_batches_adds_the_reduced_gradient_and_one_parameter_sized_scratch():
+    """What a step over micro-batches adds, measured, to a plain step on one micro-batch's
+    rows: the reduced vector (P + 3 entries) and the scratch each n x gradient is made in,
+    as large as the largest parameter (here the 3000-word embedding, under a quarter of P).
+    A scratch of P entries fits the count's slack on this model, but costs 1 GB more on a
+    124M GPT-2."""
+    sizes = dict(vocab_size=3000, d_model=128, n_heads=2, d_ff=512)
+    model, run_config, _, batch, parallel = run_of(copy_model, sizes, 2, 3, "float64", 6, 2)
+    plain = run_of(copy_model, sizes, 2, 3, "float64", 3, 1)
+    added = first_steps_bytes(model, run_config, batch, parallel) - first_steps_bytes(
+        plain[0], plain[1], plain[3], plain[4]
+    )
+    largest = max(p.size for p in model.params.values())
+    expected = (model.flat.size + 3 + largest) * 8
+    assert expected <= added <= expected + 256 * 1024, (added, expected)
+
+
 def test_the_loop_lets_go_of_a_steps_gradients_before_the_next_step_makes_its_own(monkeypatch):
     """Held by the loop until the next step had made its own, a step's gradients were a second
     parameter-sized set at every step's peak, which the count does not hold: `train lm
