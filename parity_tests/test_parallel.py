@@ -328,6 +328,18 @@ def test_micro_batches_give_the_whole_batchs_mean_loss_and_gradient_reusing_one_
     assert not np.shares_memory(other_grads, grads)
 
 
+def test_a_batch_whose_every_target_is_ignored_is_refused_by_name():
+    """Every micro-batch is skipped (none has a counted target), so the step has no loss to
+    take the mean of: refused by name, before any micro-batch's step is taken."""
+    config = ne.GPTConfig(n_layers=1, dtype="float64")
+    model = ne.MiniGPT(config, seed=0)
+    idx, targets = ne.MiniGPT.example_batch(config, np.random.default_rng(0), 4, 6)
+    ignored, parts = np.full_like(targets, -100), []
+    with pytest.raises(InputError, match="every target of the global batch is ignored"):
+        DataParallel(OneProcess(), 2).gradient(model, (idx, ignored), lambda _, p: parts.append(p))
+    assert parts == []
+
+
 def test_peer_stopped_carries_its_message_and_status():
     from numpy_engine.parallel import PeerStopped
 
