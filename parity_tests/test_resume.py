@@ -78,7 +78,7 @@ def test_a_killed_run_resumes_bit_for_bit(tmp_path):
 
 
 class ExplodingSeq2Seq(ne.Seq2SeqTransformer):
-    """Returns a NaN gradient for embed.weight on the 7th call."""
+    """Returns a gradient of embed.weight with one NaN and two infinities on the 7th call."""
 
     calls = 0
 
@@ -87,6 +87,7 @@ class ExplodingSeq2Seq(ne.Seq2SeqTransformer):
         type(self).calls += 1
         if type(self).calls == 7:
             grads["embed.weight"][3, 1] = np.nan
+            grads["embed.weight"][4, :2] = np.inf, -np.inf
         return loss, grads
 
 
@@ -106,7 +107,7 @@ def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_
     with pytest.raises(
         TrainingDiverged,
         match=f"step {step}: the gradient of 'embed.weight' is not "
-        f"finite \\(1 NaN, 0 inf\\).*checkpoint of step {saved} is intact",
+        f"finite \\(1 NaN, 2 inf\\).*checkpoint of step {saved} is intact",
     ):
         checkpointing = Checkpointing(tmp_path, saved)
         train_sequence_task(cfg, None, None, checkpointing, state, parallel)
