@@ -217,7 +217,7 @@ def step_gradient(state: TrainState, step: int, batch: tuple, parallel, seed: in
     loss, flat_grads = parallel.gradient(
         model, batch, lambda micro, part: guarded_loss_and_grads(model, step, micro, seed, part)
     )
-    check_loss(step, loss)  # a NaN summed in from a rank
+    check_loss(step, loss)  # each micro-batch's was finite; their sum can overflow float32
     return loss, flat_grads
 
 

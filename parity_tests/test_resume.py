@@ -20,8 +20,9 @@ import torch
 import numpy_engine as ne
 from crosscheck.convert import tensor
 from numpy_engine.checkpoint import load_checkpoint
-from numpy_engine.loop import empty_history
+from numpy_engine.loop import empty_history, step_gradient
 from numpy_engine.optim import Adam
+from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.train import (
     Checkpointing,
     SequenceTrainConfig,
@@ -93,8 +94,6 @@ class ExplodingSeq2Seq(ne.Seq2SeqTransformer):
 
 @pytest.mark.parametrize("accumulate", [None, 2])  # the grads dict; a flat sum of two
 def test_a_non_finite_gradient_stops_training_and_keeps_the_last_checkpoint(tmp_path, accumulate):
-    from numpy_engine.parallel import DataParallel, OneProcess
-
     ExplodingSeq2Seq.calls = 0
     model = ExplodingSeq2Seq(ne.Seq2SeqConfig(), seed=7)
     history = empty_history()
@@ -137,6 +136,29 @@ def test_a_non_finite_loss_stops_training_even_when_the_gradients_are_finite():
     with pytest.raises(TrainingDiverged, match=stopped):
         train_sequence_task(SequenceTrainConfig(steps=5), None, None, None, state)
     assert state.step == 2 and history["step"] == [1, 2] and state.optimizer.step_count == 2
+
+
+class HugeLossMiniGPT(ne.MiniGPT):
+    """Returns a loss of 3e38, finite in float32, with its gradients."""
+
+    def loss_and_grads(self, *batch, **dropout):
+        return 3e38, super().loss_and_grads(*batch, **dropout)[1]
+
+
+def test_micro_batches_losses_summed_past_float32_stop_the_step():
+    """Each micro-batch's loss is checked finite, but the step sums them, times their target
+    counts, in the reduced float32 vector: past its range the step's loss is inf, and the
+    step stops before updating (NumPy's overflow warning silenced, as by default it only
+    warns; the command line raises it)."""
+    config = ne.GPTConfig(n_layers=1, dtype="float32")
+    model = HugeLossMiniGPT(config, seed=0)
+    batch = ne.MiniGPT.example_batch(config, np.random.default_rng(0), 4, 6)
+    state = TrainState(model, Adam(model.params), np.random.default_rng(0), 0, empty_history())
+    with (
+        np.errstate(over="ignore"),
+        pytest.raises(TrainingDiverged, match="^step 1: the loss is inf"),
+    ):
+        step_gradient(state, 1, batch, DataParallel(OneProcess(), 2))
 
 
 def test_an_update_past_the_parameters_dtype_stops_naming_the_learning_rate(capsys):
