@@ -55,9 +55,12 @@ def copy_run():
     return model, cfg, next_batch
 
 
-def train(scenario: str, parallel: DataParallel | None) -> tuple[np.ndarray, list[str]]:
-    """The final flat parameters, and a hash of them after every step. Every rank but 0
-    starts from other weights: run_loop gives each rank rank 0's."""
+def train(
+    scenario: str, parallel: DataParallel | None, history: dict | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """The final flat parameters, and a hash of them after every step; history (if given)
+    gets the run's losses and norms. Every rank but 0 starts from other weights: run_loop
+    gives each rank rank 0's."""
     model, cfg, next_batch = {"gpt": gpt_run, "copy": copy_run}[scenario]()
     if parallel is not None and parallel.group.rank > 0:
         model.flat += 1.0
@@ -71,7 +74,7 @@ def train(scenario: str, parallel: DataParallel | None) -> tuple[np.ndarray, lis
         return norm
 
     optimizer.step = step_and_hash
-    history = empty_history()
+    history = empty_history() if history is None else history
     state = TrainState(model, optimizer, np.random.default_rng([7, 1]), 0, history)
     run_loop(state, cfg, next_batch, None, None, None, lambda s: {}, parallel)
     return model.flat.copy(), hashes

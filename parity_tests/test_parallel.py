@@ -21,6 +21,7 @@ import numpy_engine as ne
 from numpy_engine.checkpoint import load_checkpoint
 from numpy_engine.checks import InputError
 from numpy_engine.evaluation import heldout_loss
+from numpy_engine.loop import empty_history
 from numpy_engine.parallel import DataParallel, OneProcess
 from numpy_engine.tasks import DEFAULT_TEXT, CharCorpus, every_target_once, split_off_heldout
 from numpy_engine.train import SequenceTrainConfig, train_sequence_task
@@ -60,9 +61,14 @@ def test_two_ranks_train_what_one_process_trains_with_the_whole_batch(tmp_path, 
 
 @pytest.mark.parametrize("accumulate", [4, 3])
 def test_accumulated_micro_batches_train_what_one_batch_trains(accumulate):
-    one, _ = train("gpt", None)
-    accumulated, _ = train("gpt", DataParallel(OneProcess(), accumulate))
+    """The same weights, and the same loss recorded at every step."""
+    one_history, accumulated_history = empty_history(), empty_history()
+    one, _ = train("gpt", None, one_history)
+    accumulated, _ = train("gpt", DataParallel(OneProcess(), accumulate), accumulated_history)
     assert np.linalg.norm(accumulated - one) <= 1e-12 * np.linalg.norm(one)
+    losses, expected = accumulated_history["train_loss"], one_history["train_loss"]
+    assert len(losses) == len(expected) > 0
+    assert max(abs(a - b) for a, b in zip(losses, expected, strict=True)) <= 1e-12 * max(expected)
 
 
 def test_data_parallel_alone_takes_one_micro_batch_a_rank(tmp_path):
