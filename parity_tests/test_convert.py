@@ -9,7 +9,12 @@ import pytest
 import torch
 
 import numpy_engine as ne
-from crosscheck.convert import load_engine_params, params_from_torch, torch_model_for
+from crosscheck.convert import (
+    grads_from_torch,
+    load_engine_params,
+    params_from_torch,
+    torch_model_for,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,3 +68,18 @@ def test_a_model_without_a_twin_is_refused_by_name():
 
     with pytest.raises(InputError, match="a gpt model has no PyTorch twin in torch_reference"):
         torch_model_for(Untwinned(ne.GPTConfig()))
+
+
+def test_a_parameter_autograd_never_reached_gets_a_zero_gradient():
+    """grads_from_torch gives each parameter's .grad, and zeros of its shape for one the
+    loss does not depend on (its .grad stays None)."""
+    torch.manual_seed(0)
+    module = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 2), "unused": torch.nn.Linear(4, 5)})
+    module["used"](torch.ones(1, 3)).sum().backward()
+    grads = grads_from_torch(module)
+    assert module["unused"].weight.grad is None
+    assert list(grads) == ["used.weight", "used.bias", "unused.weight", "unused.bias"]
+    np.testing.assert_array_equal(grads["used.weight"], np.ones((2, 3), dtype=np.float32))
+    np.testing.assert_array_equal(grads["used.bias"], np.ones(2, dtype=np.float32))
+    np.testing.assert_array_equal(grads["unused.weight"], np.zeros((5, 4), dtype=np.float32))
+    np.testing.assert_array_equal(grads["unused.bias"], np.zeros(5, dtype=np.float32))

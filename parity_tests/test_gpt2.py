@@ -383,7 +383,7 @@ def test_the_benchmarks_twin_is_transformers_with_the_engines_weights(dtype):
     """crosscheck's GPT2Twin, torch_model_for a gpt2 model and the gpt2 benchmark's
     reference: transformers in eval mode, in the engine's dtype, with its weights; the
     same loss and, named back as the engine's, the same gradients."""
-    from crosscheck.convert import torch_model_for
+    from crosscheck.convert import grads_from_torch, torch_model_for
     from numpy_engine.models import GPT2, GPT2Config
 
     model = GPT2(GPT2Config(vocab_size=40, max_len=16, dtype=dtype), seed=3)
@@ -396,7 +396,7 @@ def test_the_benchmarks_twin_is_transformers_with_the_engines_weights(dtype):
     loss, grads = model.loss_and_grads(idx, targets)
     theirs = twin.loss(torch.tensor(idx), torch.tensor(targets))
     theirs.backward()
-    named = twin.engine_named({k: p.grad.numpy() for k, p in twin.named_parameters()})
+    named = grads_from_torch(twin)  # renamed as the engine's keys (GPT2Twin.engine_named)
     assert sorted(named) == sorted(grads)
     if dtype == "float32":  # the two engines' own rounding: loose, but far below a bug
         assert abs(loss - theirs.item()) <= 1e-5 * abs(loss)
