@@ -9,6 +9,7 @@ top-k and top-p against transformers' warpers; ten AdamW steps.
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -404,3 +405,21 @@ def test_the_benchmarks_twin_is_transformers_with_the_engines_weights(dtype):
     ours = {"loss": np.array(loss)} | {f"d{key}": g for key, g in grads.items()}
     reference = {"loss": theirs.detach().numpy()} | {f"d{k}": named[k] for k in grads}
     assert_all_close_float64("GPT2Twin", ours, reference)
+
+
+@pytest.mark.parametrize("dropped", ["transformer.h.0.attn.c_attn.bias", "transformer.wte.weight"])
+def test_the_twin_refuses_a_state_that_leaves_a_weight_at_transformers_init(monkeypatch, dropped):
+    """A key missing from the state the engine hands to transformers would leave that weight
+    at transformers' random init; GPT2Twin names it instead of comparing against it."""
+    import crosscheck.hf_twin as hf_twin
+    from numpy_engine.models import GPT2, GPT2Config
+
+    model = GPT2(GPT2Config(vocab_size=40, max_len=16, n_layers=1), seed=3)
+    full_state = hf_twin.hf_state_from_engine
+    monkeypatch.setattr(
+        hf_twin,
+        "hf_state_from_engine",
+        lambda params, n: {k: v for k, v in full_state(params, n).items() if k != dropped},
+    )
+    with pytest.raises(RuntimeError, match=rf"GPT-2 twin: missing \['{re.escape(dropped)}'"):
+        hf_twin.GPT2Twin(model)

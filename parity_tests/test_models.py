@@ -243,3 +243,23 @@ def test_the_reference_names_the_first_query_that_sees_no_key():
     visible[0, 0, 1] = visible[0, 1, 2] = False
     with pytest.raises(ValueError, match=r"batch row 0, position 1 \(head 0\) has no visible"):
         attention(q, k, v, visible)
+
+
+def test_the_references_attention_with_dropout_and_no_mask_sees_every_key(monkeypatch):
+    """The reference's attention under dropout is written out instead of the fused kernel;
+    with no mask, every key is visible: NumPy's softmax times the same kept entries."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_reference.modules import attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 2, 3, 4)) for _ in range(3))  # (B, H, T, hs)
+    kept = (rng.random((2, 2, 3, 3)) < 0.5) / 0.5  # a dropout mask at rate 0.5, scaled
+    monkeypatch.setattr(F, "dropout", lambda x, p, training: x * torch.from_numpy(kept))
+    out = attention(*(torch.from_numpy(a) for a in (q, k, v)), None, dropout_p=0.5)
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(4)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    ours = {"out": (weights * kept) @ v}
+    assert_all_close_float64("reference attention, dropout, no mask", ours, {"out": out.numpy()})
