@@ -119,7 +119,7 @@ GPT_BAD_INPUTS = {
     "all targets ignored": (
         dict(targets=np.full_like(TARGETS, -100)),
         ValueError,
-        "ignore_index=-100",
+        r"targets: every target equals ignore_index=-100 \(all padding\)",  # the model's
     ),
     "empty batch": (dict(idx=IDX[:0], targets=TARGETS[:0]), ValueError, "idx is an empty batch"),
 }
