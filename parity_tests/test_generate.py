@@ -178,12 +178,15 @@ def test_top_p_keeps_the_most_likely_tokens_up_to_that_mass():
     np.testing.assert_array_equal(next_token_probabilities(tiny, 1.0, top_p=1.0), unfiltered)
 
 
-def test_sampling_is_seeded_and_top_k_1_is_greedy():
+def test_sampling_is_seeded_and_top_k_1_or_a_tiny_top_p_is_greedy():
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1, max_len=8), seed=0)
     prompt = np.array([1, 2, 3])
     greedy = generate(model, prompt, 12)
     assert greedy.shape == (1, 15) and (greedy[0, :3] == prompt).all()
+    assert not np.array_equal(generate(model, prompt, 12, temperature=1.0), greedy)
     np.testing.assert_array_equal(generate(model, prompt, 12, temperature=1.0, top_k=1), greedy)
+    # top_p below every token's probability keeps the likeliest token alone
+    np.testing.assert_array_equal(generate(model, prompt, 12, temperature=1.0, top_p=1e-6), greedy)
     a = generate(model, prompt, 12, temperature=1.5, seed=4)
     np.testing.assert_array_equal(a, generate(model, prompt, 12, temperature=1.5, seed=4))
     assert not np.array_equal(a, generate(model, prompt, 12, temperature=1.5, seed=5))
@@ -208,12 +211,25 @@ def test_generation_slides_its_context_window_past_max_len():
         ({"top_k": 0}, "top_k must be"),
         ({"top_p": 1.5}, "top_p must be in"),
         ({"top_p": 0.0}, "top_p must be in"),
+        ({"top_p": "0.9"}, "top_p must be a number, got str"),
+        ({"temperature": "1"}, "temperature must be a number, got str"),
     ],
 )
 def test_bad_sampling_settings(kwargs, message):
     model = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
     with pytest.raises(ValueError, match=message):
         generate(model, np.array([1]), 3, **kwargs)
+    with pytest.raises(ValueError, match=message):  # when called, before its first token
+        continuation(model, np.array([1]), 3, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["max_new_tokens", "temperature", "top_k", "top_p"])
+def test_a_bool_setting_is_refused_by_name_though_python_counts_true_as_1(name):
+    """True is an int of 1 to Python, in range for each of these; refused as a bool."""
+    model = ne.MiniGPT(ne.GPTConfig(n_layers=1), seed=0)
+    settings = {"max_new_tokens": 3, "temperature": 1.0} | {name: True}
+    with pytest.raises(InputError, match=rf"^{name} must be .*(bool|True)$"):
+        generate(model, np.array([1]), **settings)
 
 
 @pytest.mark.parametrize("seed", [-1, 1.5, True, "0", None])

@@ -326,6 +326,7 @@ def test_an_infinite_clipping_norm_returns_the_norm_and_clips_nothing():
     [
         (np.zeros(26), np.zeros(25), "flat_grads must be a vector of 26 entries, got (25,)"),
         (np.zeros((2, 13)), np.zeros(26), "flat_params must be a vector of 26 entries"),
+        ([0.0] * 26, np.zeros(26), "flat_params must be a vector of 26 entries, got list"),
         (np.zeros(26), np.zeros(26, np.float32), "flat_grads must have dtype float64"),
     ],
 )
